@@ -1,0 +1,115 @@
+"""locate: version from the /sys/fs/cgroup mount, path from the matching /proc/<pid>/cgroup line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hook.apply.locate import CgroupTarget, find, parse_mountinfo, parse_proc_cgroup, resolve
+from hook.errors import ApplyError, InputError
+
+HYBRID_MOUNTS = """\
+48 47 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+49 48 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+53 48 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+58 48 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+UNIFIED_MOUNTS = "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+HYBRID_CGROUP = "5:devices:/ctr/abc\n4:memory:/ctr/abc\n0::/ctr/abc-v2\n"
+
+
+def target(cgroup: str, mounts: str) -> CgroupTarget:
+    return resolve(
+        parse_proc_cgroup(cgroup, "cg"), parse_mountinfo(mounts, "mi"), cgroup_source="cg", mount_source="mi"
+    )
+
+
+def test_hybrid_host_is_v1_even_with_a_0_line() -> None:
+    assert target(HYBRID_CGROUP, HYBRID_MOUNTS) == CgroupTarget(
+        version=1, path=Path("/sys/fs/cgroup/devices/ctr/abc")
+    )
+
+
+def test_unified_host_is_v2_from_the_0_line() -> None:
+    assert target("0::/kubepods/pod1/c1\n", UNIFIED_MOUNTS) == CgroupTarget(
+        version=2, path=Path("/sys/fs/cgroup/kubepods/pod1/c1")
+    )
+
+
+def test_mount_root_is_stripped_from_the_cgroup_path() -> None:
+    mounts = "53 48 0:33 /kubepods /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
+    got = target("5:devices:/kubepods/pod1/c1\n", mounts)
+    assert got.path == Path("/sys/fs/cgroup/devices/pod1/c1")
+
+
+def test_combined_controllers_line_matches_devices() -> None:
+    mounts = "53 48 0:33 / /sys/fs/cgroup/devices,memory rw - cgroup cgroup rw,memory,devices\n"
+    got = target("3:memory,devices:/c\n", mounts)
+    assert got == CgroupTarget(version=1, path=Path("/sys/fs/cgroup/devices,memory/c"))
+
+
+def test_escaped_mount_point_is_unescaped() -> None:
+    mounts = r"53 48 0:33 / /sys/fs/cgroup/my\040devs rw - cgroup cgroup rw,devices" + "\n"
+    assert target("5:devices:/c\n", mounts).path == Path("/sys/fs/cgroup/my devs/c")
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "mounts", "field"),
+    [
+        pytest.param("5:devices:/../../etc\n", HYBRID_MOUNTS, "devices line", id="dotdot in cgroup path"),
+        pytest.param("5:devices:/a/../b\n", HYBRID_MOUNTS, "devices line", id="dotdot inside path"),
+        pytest.param(
+            "5:devices:/c\n",
+            "53 48 0:33 /.. /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n",
+            "/sys/fs/cgroup/devices root",
+            id="mount root starting with /..",
+        ),
+        pytest.param("4:memory:/c\n0::/c\n", HYBRID_MOUNTS, "devices line", id="no devices line on v1"),
+        pytest.param("5:devices:/c\n", UNIFIED_MOUNTS, "0:: line", id="no 0:: line on v2"),
+        pytest.param(
+            "5:devices:/c\n", "1 0 0:1 / /sys/fs/cgroup rw - tmpfs t rw\n", "mounts", id="no devices mount"
+        ),
+        pytest.param("garbage\n", HYBRID_MOUNTS, "line 1", id="malformed cgroup line"),
+    ],
+)
+def test_refusals_name_the_field(cgroup: str, mounts: str, field: str) -> None:
+    with pytest.raises(InputError) as info:
+        target(cgroup, mounts)
+    assert info.value.field == field
+    assert info.value.file in ("cg", "mi")
+
+
+def test_cgroup_outside_mount_root_is_apply_error() -> None:
+    mounts = "53 48 0:33 /kubepods /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
+    with pytest.raises(ApplyError):
+        target("5:devices:/system.slice/x\n", mounts)
+
+
+def test_mountinfo_without_separator_names_line() -> None:
+    with pytest.raises(InputError) as info:
+        parse_mountinfo("1 0 0:1 / / rw shared:1\n", "mi")
+    assert (info.value.file, info.value.field) == ("mi", "line 1")
+
+
+def test_find_reads_fake_proc(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "self").mkdir()
+    (tmp_path / "42" / "cgroup").write_text(HYBRID_CGROUP)
+    (tmp_path / "self" / "mountinfo").write_text(HYBRID_MOUNTS)
+    assert find(42, proc=tmp_path).path == Path("/sys/fs/cgroup/devices/ctr/abc")
+
+
+def test_find_missing_proc_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as info:
+        find(42, proc=tmp_path)
+    assert info.value.file == str(tmp_path / "42" / "cgroup")
+
+
+def test_find_on_this_host_matches_own_cgroup_file() -> None:
+    got = find(os.getpid())
+    text = Path(f"/proc/{os.getpid()}/cgroup").read_text()
+    line = next(ln for ln in text.splitlines() if (":devices:" in ln) == (got.version == 1) and ln)
+    assert str(got.path).endswith(line.split(":", 2)[2].rstrip("/")) or line.endswith(":/")
+    assert got.path.is_dir()
