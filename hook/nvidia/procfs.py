@@ -1,0 +1,273 @@
+"""The driver's procfs files under a driver root: majors, capability files, GPU information.
+
+Rule: parsers take text and a ``source`` label and return values or raise ``InputError`` naming
+that file and field; the ``read_*`` wrappers are the only I/O. A missing required file is an
+``InputError`` naming it; a missing optional one is ``None`` (or empty), never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from hook.errors import InputError
+from hook.nvidia.ids import normalize_bus_id
+from hook.nvidia.migminors import (
+    CAPS_DEV_DIR,
+    CAPS_PROC_DIR,
+    MIG_MINORS_PATH,
+    MigMinors,
+    build_cap_table,
+    parse_mig_minors,
+    proc_cap_path,
+)
+from hook.nvidia.model import NVIDIA_MAJOR, CapNode, CapTable, Majors
+
+__all__ = [
+    "BOOT_ID_PATH",
+    "DEVICES_PATH",
+    "GPUS_DIR",
+    "VERSION_PATH",
+    "GpuInfo",
+    "list_gpu_bus_ids",
+    "parse_cap_file",
+    "parse_driver_version",
+    "parse_gpu_information",
+    "parse_proc_devices",
+    "read_boot_id",
+    "read_cap_table",
+    "read_driver_version",
+    "read_gpu_infos",
+    "read_majors",
+    "read_mig_minors",
+    "read_text",
+]
+
+DEVICES_PATH: Final = "proc/devices"
+VERSION_PATH: Final = "proc/driver/nvidia/version"
+GPUS_DIR: Final = "proc/driver/nvidia/gpus"
+BOOT_ID_PATH: Final = "proc/sys/kernel/random/boot_id"
+
+# /proc/devices name → Majors field; exact names (NMU requires the whole name).
+_MAJOR_NAMES: Final = {
+    "nvidia": "nvidia",
+    "nvidia-frontend": "nvidia",  # drivers before 550.40
+    "nvidia-uvm": "uvm",
+    "nvidia-caps": "caps",
+    "nvidia-caps-imex-channels": "imex",
+}
+_VERSION_RE: Final = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuInfo:
+    """One ``gpus/<bus>/information`` file; ``uuid`` is ``None`` when the driver hides it."""
+
+    pci_bus_id: str
+    minor: int
+    uuid: str | None
+    model: str
+
+
+def parse_proc_devices(text: str, source: str = DEVICES_PATH) -> Majors:
+    """Majors from the ``Character devices:`` section only (block majors can collide)."""
+    found: dict[str, int] = {}
+    in_chars = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith("devices:"):
+            in_chars = stripped == "Character devices:"
+            continue
+        parts = stripped.split()
+        if not in_chars or len(parts) != 2 or parts[1] not in _MAJOR_NAMES:
+            continue
+        if not parts[0].isdigit():
+            raise InputError(source, parts[1], f"major {parts[0]!r} is not a number")
+        if parts[1] == "nvidia-frontend" and "nvidia" in found:
+            continue
+        found[_MAJOR_NAMES[parts[1]]] = int(parts[0])
+    return Majors(
+        nvidia=found.get("nvidia", NVIDIA_MAJOR),
+        uvm=found.get("uvm"),
+        caps=found.get("caps"),
+        imex=found.get("imex"),
+    )
+
+
+def _key_values(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def _int_field(values: dict[str, str], key: str, source: str, *, default: int | None = None) -> int:
+    raw = values.get(key)
+    if raw is None:
+        if default is None:
+            raise InputError(source, key, "missing")
+        return default
+    try:
+        return int(raw, 10)
+    except ValueError:
+        raise InputError(source, key, f"expected an integer, got {raw!r}") from None
+
+
+def parse_cap_file(text: str, source: str) -> CapNode:
+    """A capability file: ``DeviceFileMinor`` (required), ``DeviceFileMode`` (decimal), UID/GID."""
+    values = _key_values(text)
+    return CapNode(
+        minor=_int_field(values, "DeviceFileMinor", source),
+        mode=_int_field(values, "DeviceFileMode", source, default=0o444) & 0o777,
+        uid=_int_field(values, "DeviceFileUID", source, default=0),
+        gid=_int_field(values, "DeviceFileGID", source, default=0),
+    )
+
+
+def parse_gpu_information(text: str, source: str, bus_dir: str) -> GpuInfo:
+    """``Device Minor`` is required; ``GPU UUID`` counts only in its ``GPU-…`` form."""
+    values = _key_values(text)
+    uuid = values.get("GPU UUID", "")
+    bus = values.get("Bus Location") or bus_dir
+    try:
+        pci_bus_id = normalize_bus_id(bus)
+    except ValueError as exc:
+        raise InputError(source, "Bus Location", str(exc)) from None
+    return GpuInfo(
+        pci_bus_id=pci_bus_id,
+        minor=_int_field(values, "Device Minor", source),
+        uuid=uuid if uuid.upper().startswith("GPU-") else None,
+        model=values.get("Model", ""),
+    )
+
+
+def parse_driver_version(text: str, source: str = VERSION_PATH) -> str:
+    match = _VERSION_RE.search(text)
+    if match is None:
+        raise InputError(source, "NVRM version", "no kernel module version found")
+    return match[1]
+
+
+def read_text(driver_root: Path, rel: str, *, required: bool) -> str | None:
+    """Read ``driver_root/rel``; a missing required file is an ``InputError`` naming it."""
+    path = driver_root / rel
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        if required:
+            raise InputError(str(path), "", "file not found (is the NVIDIA driver loaded?)") from None
+        return None
+    except OSError as exc:
+        raise InputError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+
+
+def read_majors(driver_root: Path) -> Majors:
+    text = read_text(driver_root, DEVICES_PATH, required=True)
+    assert text is not None
+    return parse_proc_devices(text, str(driver_root / DEVICES_PATH))
+
+
+def read_driver_version(driver_root: Path) -> str | None:
+    text = read_text(driver_root, VERSION_PATH, required=False)
+    return None if text is None else parse_driver_version(text, str(driver_root / VERSION_PATH))
+
+
+def read_boot_id(driver_root: Path) -> str | None:
+    text = read_text(driver_root, BOOT_ID_PATH, required=False)
+    return text.strip() or None if text is not None else None
+
+
+def list_gpu_bus_ids(driver_root: Path) -> tuple[str, ...] | None:
+    """Directory names under ``gpus/`` as found (sorted); ``None`` if the directory is absent."""
+    try:
+        return tuple(sorted(entry.name for entry in os.scandir(driver_root / GPUS_DIR) if entry.is_dir()))
+    except FileNotFoundError:
+        return None
+
+
+def read_gpu_infos(driver_root: Path) -> tuple[GpuInfo, ...] | None:
+    """Every GPU's information file, in PCI bus order; ``None`` if the list is unavailable."""
+    bus_dirs = list_gpu_bus_ids(driver_root)
+    if bus_dirs is None:
+        return None
+    infos = []
+    for bus in bus_dirs:
+        rel = f"{GPUS_DIR}/{bus}/information"
+        text = read_text(driver_root, rel, required=True)
+        assert text is not None
+        infos.append(parse_gpu_information(text, str(driver_root / rel), bus))
+    return tuple(sorted(infos, key=lambda i: i.pci_bus_id))
+
+
+def read_mig_minors(driver_root: Path) -> MigMinors | None:
+    text = read_text(driver_root, MIG_MINORS_PATH, required=False)
+    return None if text is None else parse_mig_minors(text, str(driver_root / MIG_MINORS_PATH))
+
+
+def _subdirs(path: Path, prefix: str) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(path) if e.name.startswith(prefix) and e.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _existing_cap_names(caps_dir: Path) -> list[str]:
+    """Walk ``capabilities/`` for ``mig/{config,monitor}`` and ``gpuN/mig/giI[/ciC]/access``."""
+    names = [n for n in ("config", "monitor") if (caps_dir / "mig" / n).is_file()]
+    for gpu in _subdirs(caps_dir, "gpu"):
+        mig = caps_dir / gpu / "mig"
+        for gi in _subdirs(mig, "gi"):
+            if (mig / gi / "access").is_file():
+                names.append(f"{gpu}/{gi}/access")
+            names.extend(
+                f"{gpu}/{gi}/{ci}/access"
+                for ci in _subdirs(mig / gi, "ci")
+                if (mig / gi / ci / "access").is_file()
+            )
+    return names
+
+
+def _read_proc_caps(driver_root: Path, wanted: set[str]) -> dict[str, CapNode]:
+    out: dict[str, CapNode] = {}
+    for name in _existing_cap_names(driver_root / CAPS_PROC_DIR):
+        if name in wanted:
+            rel = proc_cap_path(name)
+            text = read_text(driver_root, rel, required=True)
+            assert text is not None
+            out[name] = parse_cap_file(text, str(driver_root / rel))
+    return out
+
+
+def _read_dev_caps(driver_root: Path) -> dict[int, CapNode]:
+    """``/dev/nvidia-caps/nvidia-capN`` character nodes (mode and owner from the node)."""
+    out: dict[int, CapNode] = {}
+    try:
+        entries = list(os.scandir(driver_root / CAPS_DEV_DIR))
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    for entry in entries:
+        suffix = entry.name.removeprefix("nvidia-cap")
+        if suffix == entry.name or not suffix.isdigit():
+            continue
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISCHR(st.st_mode):
+            out[int(suffix)] = CapNode(
+                minor=int(suffix), mode=st.st_mode & 0o777, uid=st.st_uid, gid=st.st_gid
+            )
+    return out
+
+
+def read_cap_table(driver_root: Path) -> tuple[CapTable, tuple[str, ...]]:
+    """The MIG capabilities that exist; an absent mig-minors file means no MIG support."""
+    minors = read_mig_minors(driver_root)
+    if minors is None:
+        return CapTable(), ()
+    proc_caps = _read_proc_caps(driver_root, set(minors.names()))
+    table, warnings = build_cap_table(minors, proc_caps, _read_dev_caps(driver_root))
+    return table, minors.warnings + warnings
