@@ -1,0 +1,295 @@
+"""OCI inputs: the runtime state (stdin) and the bundle's config.json, parsed once into values.
+
+Rule: parsers take bytes and a ``source`` label, never paths, and either return a frozen value
+or raise ``InputError`` naming the file and the JSON field. Nothing downstream sees a raw dict,
+except ``OciConfig.raw`` which only ``--output-config`` uses to write the config back.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hook.errors import InputError
+from hook.rules import Access, DeviceType, Rule
+
+__all__ = [
+    "MAX_STATE_BYTES",
+    "MAX_CONFIG_BYTES",
+    "OciState",
+    "Mount",
+    "LinuxDevice",
+    "OciConfig",
+    "parse_state",
+    "parse_config",
+    "load_json_object",
+]
+
+MAX_STATE_BYTES = 1 << 20
+MAX_CONFIG_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OciState:
+    oci_version: str
+    id: str
+    status: str
+    pid: int | None
+    bundle: str
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mount:
+    destination: str
+    source: str
+    type: str
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinuxDevice:
+    path: str
+    type: str
+    major: int
+    minor: int
+    file_mode: int | None
+    uid: int | None
+    gid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OciConfig:
+    source: str
+    oci_version: str
+    env: Mapping[str, str]
+    env_order: tuple[str, ...]
+    bounding: frozenset[str]
+    root_path: str
+    mounts: tuple[Mount, ...]
+    devices: tuple[LinuxDevice, ...]
+    resource_rules: tuple[Rule, ...]
+    annotations: Mapping[str, str]
+    warnings: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def load_json_object(data: bytes, source: str, limit: int) -> dict[str, Any]:
+    """Decode one JSON object, refusing oversize input before parsing it."""
+    if len(data) > limit:
+        raise InputError(source, "", f"larger than {limit} bytes")
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(source, "", f"not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise InputError(source, "", "expected a JSON object")
+    return obj
+
+
+def _str(obj: Mapping[str, Any], key: str, source: str, prefix: str = "", default: str | None = None) -> str:
+    value = obj.get(key, default)
+    if not isinstance(value, str):
+        what = "missing" if value is None else f"expected string, got {type(value).__name__}"
+        raise InputError(source, prefix + key, what)
+    return value
+
+
+def _str_map(value: Any, source: str, name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(source, name, "expected an object of strings")
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise InputError(source, f"{name}.{k}", "expected string")
+    return dict(value)
+
+
+def parse_state(data: bytes, source: str) -> OciState:
+    """Parse the state a runtime writes to a hook's stdin (tolerating ``bundlePath`` and crun's ``root``)."""
+    obj = load_json_object(data, source, MAX_STATE_BYTES)
+    bundle = obj.get("bundle", obj.get("bundlePath"))
+    if not isinstance(bundle, str) or not bundle:
+        raise InputError(source, "bundle", "missing" if bundle is None else "expected a non-empty string")
+    pid = obj.get("pid")
+    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
+        raise InputError(source, "pid", "expected a non-negative integer")
+    return OciState(
+        oci_version=_str(obj, "ociVersion", source, default=""),
+        id=_str(obj, "id", source, default=""),
+        status=_str(obj, "status", source, default=""),
+        pid=pid or None,
+        bundle=bundle,
+        annotations=_str_map(obj.get("annotations"), source, "annotations"),
+    )
+
+
+def _parse_env(items: Any, source: str) -> tuple[dict[str, str], tuple[str, ...], list[str]]:
+    if items is None:
+        return {}, (), []
+    if not isinstance(items, list):
+        raise InputError(source, "process.env", "expected a list of strings")
+    env: dict[str, str] = {}
+    order: list[str] = []
+    warnings: list[str] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise InputError(source, f"process.env[{i}]", "expected string")
+        key, sep, value = item.partition("=")
+        if not sep:
+            warnings.append(f"{source}: process.env[{i}]: {item!r} has no '=', ignored")
+            continue
+        if key in env:
+            order.remove(key)
+        env[key] = value
+        order.append(key)
+    return env, tuple(order), warnings
+
+
+def _parse_bounding(caps: Any, source: str) -> frozenset[str]:
+    if caps is None:
+        return frozenset()
+    if isinstance(caps, list):  # pre-rc5 specs: a flat list means the bounding set too
+        names, name = caps, "process.capabilities"
+    elif isinstance(caps, dict):
+        names, name = caps.get("bounding") or [], "process.capabilities.bounding"
+    else:
+        raise InputError(source, "process.capabilities", "expected an object or a list")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InputError(source, name, "expected a list of strings")
+    return frozenset(names)
+
+
+def _opt_int(obj: Mapping[str, Any], key: str, source: str, name: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InputError(source, f"{name}.{key}", "expected integer")
+    return value
+
+
+def _parse_mounts(items: Any, source: str) -> tuple[Mount, ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InputError(source, "mounts", "expected a list")
+    out = []
+    for i, m in enumerate(items):
+        name = f"mounts[{i}]"
+        if not isinstance(m, dict):
+            raise InputError(source, name, "expected an object")
+        options = m.get("options") or []
+        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+            raise InputError(source, f"{name}.options", "expected a list of strings")
+        out.append(
+            Mount(
+                destination=_str(m, "destination", source, name + "."),
+                source=_str(m, "source", source, name + ".", default=""),
+                type=_str(m, "type", source, name + ".", default=""),
+                options=tuple(options),
+            )
+        )
+    return tuple(out)
+
+
+def _parse_devices(items: Any, source: str) -> tuple[LinuxDevice, ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InputError(source, "linux.devices", "expected a list")
+    out = []
+    for i, d in enumerate(items):
+        name = f"linux.devices[{i}]"
+        if not isinstance(d, dict):
+            raise InputError(source, name, "expected an object")
+        dtype = _str(d, "type", source, name + ".")
+        if dtype not in ("c", "b", "u", "p"):
+            raise InputError(source, f"{name}.type", f"unknown device type {dtype!r}")
+        major = _opt_int(d, "major", source, name)
+        minor = _opt_int(d, "minor", source, name)
+        if dtype != "p" and (major is None or minor is None):
+            raise InputError(source, f"{name}.{'major' if major is None else 'minor'}", "missing")
+        out.append(
+            LinuxDevice(
+                path=_str(d, "path", source, name + "."),
+                type="c" if dtype == "u" else dtype,
+                major=major or 0,
+                minor=minor or 0,
+                file_mode=_opt_int(d, "fileMode", source, name),
+                uid=_opt_int(d, "uid", source, name),
+                gid=_opt_int(d, "gid", source, name),
+            )
+        )
+    return tuple(out)
+
+
+def parse_rule(d: Any, source: str, name: str) -> Rule:
+    """One ``linux.resources.devices`` entry; type absent or empty means ``a``, as runc reads it."""
+    if not isinstance(d, dict):
+        raise InputError(source, name, "expected an object")
+    allow = d.get("allow")
+    if not isinstance(allow, bool):
+        raise InputError(source, f"{name}.allow", "expected boolean")
+    dtype = d.get("type") or "a"
+    try:
+        kind = DeviceType(dtype)
+    except ValueError:
+        raise InputError(source, f"{name}.type", f"unknown device type {dtype!r}") from None
+    access_text = d.get("access", "rwm")
+    if not isinstance(access_text, str):
+        raise InputError(source, f"{name}.access", "expected string")
+    try:
+        access = Access.parse(access_text or "rwm")
+    except ValueError as exc:
+        raise InputError(source, f"{name}.access", str(exc)) from None
+    return Rule(
+        allow=allow,
+        type=kind,
+        major=_opt_int(d, "major", source, name),
+        minor=_opt_int(d, "minor", source, name),
+        access=access,
+    )
+
+
+def _section(obj: Mapping[str, Any], key: str, source: str, prefix: str = "") -> Mapping[str, Any]:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(source, prefix + key, "expected an object")
+    return value
+
+
+def parse_config(data: bytes, source: str, bundle: str) -> OciConfig:
+    """Parse config.json; ``root.path`` is resolved against the bundle, never the cwd."""
+    obj = load_json_object(data, source, MAX_CONFIG_BYTES)
+    process = _section(obj, "process", source)
+    linux = _section(obj, "linux", source)
+    resources = _section(linux, "resources", source, "linux.")
+    env, order, warnings = _parse_env(process.get("env"), source)
+    rules_raw = resources.get("devices") or []
+    if not isinstance(rules_raw, list):
+        raise InputError(source, "linux.resources.devices", "expected a list")
+    root = _section(obj, "root", source)
+    root_path = _str(root, "path", source, "root.", default="rootfs")
+    return OciConfig(
+        source=source,
+        oci_version=_str(obj, "ociVersion", source, default=""),
+        env=env,
+        env_order=order,
+        bounding=_parse_bounding(process.get("capabilities"), source),
+        root_path=posixpath.normpath(posixpath.join(bundle, root_path)),
+        mounts=_parse_mounts(obj.get("mounts"), source),
+        devices=_parse_devices(linux.get("devices"), source),
+        resource_rules=tuple(
+            parse_rule(r, source, f"linux.resources.devices[{i}]") for i, r in enumerate(rules_raw)
+        ),
+        annotations=_str_map(obj.get("annotations"), source, "annotations"),
+        warnings=tuple(warnings),
+        raw=obj,
+    )

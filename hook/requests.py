@@ -1,0 +1,233 @@
+"""Device requests: what a container asked for, where the ask came from, and whether a plugin made it.
+
+Rule: NVIDIA's precedence (research/nvidia-toolkit.md §1.3) decides which channel *grants*
+devices: CDI annotations, else the volume-mount list, else the visible-devices env. The kubelet
+checkpoint and specifically-allowed nodes always count. ``from_plugin`` is evidence, not trust:
+a visible-devices env counts as a plugin's only when something a pod cannot forge corroborates it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from hook.checkpoint import Allocation
+from hook.errors import InputError
+from hook.oci import LinuxDevice, OciConfig
+from hook.rules import Access, DeviceType, Rule
+from hook.settings import Settings
+
+__all__ = [
+    "Kind",
+    "DeviceRequest",
+    "Requests",
+    "collect",
+    "is_privileged",
+    "has_sys_admin",
+    "is_accelerator",
+    "split_ids",
+]
+
+VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+MIG_ENVS = {"NVIDIA_MIG_CONFIG_DEVICES": "mig-config", "NVIDIA_MIG_MONITOR_DEVICES": "mig-monitor"}
+CHECKPOINT = "kubelet-checkpoint"
+
+
+class Kind(StrEnum):
+    CDI = "cdi"  # a qualified CDI name
+    NVIDIA = "nvidia"  # an NVIDIA device ID (index, UUID, G:M, bus id, "all")
+    NODE = "node"  # a device node already in linux.devices (or a plugin DeviceSpec path)
+    NO_GPU = "none"  # NVIDIA_VISIBLE_DEVICES=none: control nodes, no GPU
+    MIG_CONFIG = "mig-config"
+    MIG_MONITOR = "mig-monitor"
+    IMEX = "imex"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceRequest:
+    source: str
+    value: str
+    kind: Kind
+    from_plugin: bool
+    node: LinuxDevice | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"source": self.source, "value": self.value, "kind": str(self.kind), "from_plugin": self.from_plugin}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requests:
+    items: tuple[DeviceRequest, ...]
+    evidence: tuple[str, ...]
+    warnings: tuple[str, ...]
+    driver_capabilities: str
+
+    @property
+    def from_plugin(self) -> bool:
+        return any(r.from_plugin for r in self.items)
+
+
+def is_privileged(rules: Sequence[Rule]) -> bool:
+    """The engine's privileged mode: an allow-all rule (containerd ``WithAllDevicesAllowed``, CRI-O)."""
+    return any(
+        r.allow and r.type is DeviceType.ALL and r.major is None and r.minor is None and Access.R | Access.W in r.access
+        for r in rules
+    )
+
+
+def has_sys_admin(config: OciConfig) -> bool:
+    return "CAP_SYS_ADMIN" in config.bounding
+
+
+def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
+    clean = posixpath.normpath(path)
+    if not clean.startswith("/dev/"):
+        return False
+    rel = clean[len("/dev/") :]
+    return any(fnmatch.fnmatchcase(rel, p) for pats in patterns.values() for p in pats)
+
+
+def split_ids(value: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in value.split(",") if t.strip())
+
+
+def _id_request(token: str, source: str, from_plugin: bool) -> DeviceRequest:
+    kind = Kind.CDI if "=" in token and "/" in token else Kind.NVIDIA
+    return DeviceRequest(source=source, value=token, kind=kind, from_plugin=from_plugin)
+
+
+def _from_checkpoint(allocs: Sequence[Allocation], config: OciConfig) -> list[DeviceRequest]:
+    by_path = {d.path: d for d in config.devices}
+    out: list[DeviceRequest] = []
+    for a in allocs:
+        src = f"{CHECKPOINT}:{a.resource}"
+        out += [DeviceRequest(source=src, value=n, kind=Kind.CDI, from_plugin=True) for n in a.cdi_devices]
+        env_ids = split_ids(a.envs.get(VISIBLE_ENV, ""))
+        if env_ids and not env_ids[0].startswith("/"):
+            out += [_id_request(t, src, True) for t in env_ids]
+        for cpath, hpath in a.device_paths:
+            out.append(
+                DeviceRequest(source=src, value=hpath or cpath, kind=Kind.NODE, from_plugin=True, node=by_path.get(cpath))
+            )
+        if not (a.cdi_devices or env_ids or a.device_paths) and a.resource.startswith("nvidia.com/"):
+            ids = dict.fromkeys(d.split("::")[0] for d in a.device_ids)  # time-slicing replicas: "<uuid>::<n>"
+            out += [_id_request(d, src, True) for d in ids]
+    return out
+
+
+def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -> list[DeviceRequest]:
+    out = []
+    for key in sorted(annotations):
+        if not any(key.startswith(p) for p in prefixes):
+            continue
+        for name in annotations[key].split(","):
+            name = name.strip()
+            if not name or "=" not in name or "/" not in name.split("=", 1)[0]:
+                raise InputError("annotations", key, f"{name!r} is not a qualified CDI name vendor/class=name")
+            out.append(DeviceRequest(source=f"annotation:{key}", value=name, kind=Kind.CDI, from_plugin=True))
+    return out
+
+
+def _from_mounts(config: OciConfig, root: str) -> list[DeviceRequest]:
+    out, seen = [], set()
+    for m in config.mounts:
+        dest = posixpath.normpath(m.destination)
+        if posixpath.normpath(m.source or "/") != "/dev/null" or not dest.startswith(root + "/") or dest in seen:
+            continue
+        seen.add(dest)
+        ident = dest[len(root) :].strip("/")
+        src = f"mount:{dest}"
+        if ident.startswith("cdi/"):
+            parts = ident[4:].split("/")
+            name = "/".join(parts) if "=" in parts[-1] else "/".join(parts[:2]) + "=" + "/".join(parts[2:])
+            out.append(DeviceRequest(source=src, value=name, kind=Kind.CDI, from_plugin=True))
+        elif ident.startswith("imex/"):
+            out.append(DeviceRequest(source=src, value=ident[5:], kind=Kind.IMEX, from_plugin=True))
+        else:
+            out.append(_id_request(ident, src, True))
+    return out
+
+
+def _from_nodes(config: OciConfig, patterns: Mapping[str, tuple[str, ...]]) -> list[DeviceRequest]:
+    """Accelerator nodes with their own exact allow rule: DeviceSpecs or CDI nodes an engine added."""
+    specific = {(r.type, r.major, r.minor) for r in config.resource_rules if r.allow and r.minor is not None}
+    return [
+        DeviceRequest(source="linux.devices", value=d.path, kind=Kind.NODE, from_plugin=True, node=d)
+        for d in config.devices
+        if is_accelerator(d.path, patterns) and (DeviceType(d.type), d.major, d.minor) in specific
+    ]
+
+
+def _corroborated(config: OciConfig, settings: Settings, have_checkpoint: bool) -> str:
+    if have_checkpoint:
+        return CHECKPOINT
+    if config.env.get(VISIBLE_ENV, "") == settings.volume_mount_root:
+        return f"env:{VISIBLE_ENV}={settings.volume_mount_root}"
+    for name in config.env_order:
+        if any(fnmatch.fnmatchcase(name, p) for p in settings.corroborating_env):
+            return f"env:{name}"
+    return ""
+
+
+def _from_env(config: OciConfig, settings: Settings, privileged: bool, corroboration: str) -> list[DeviceRequest]:
+    value = config.env.get(VISIBLE_ENV)
+    tokens = split_ids(value or "")
+    if value is None or not tokens or "void" in tokens or value == settings.volume_mount_root:
+        return []
+    src = f"env:{VISIBLE_ENV}"
+    if "none" in tokens:
+        return [DeviceRequest(source=src, value="none", kind=Kind.NO_GPU, from_plugin=bool(corroboration))]
+    if any(t.lower() == "all" for t in tokens):
+        tokens = ("all",)
+    return [_id_request(t, src, bool(corroboration)) for t in tokens]
+
+
+def _mig_management(config: OciConfig) -> list[DeviceRequest]:
+    out = []
+    for env, kind in MIG_ENVS.items():
+        value = config.env.get(env, "").strip()
+        if not value:
+            continue
+        if value.lower() != "all":
+            raise InputError(config.source, f"process.env.{env}", f"only 'all' is supported, got {value!r}")
+        out.append(DeviceRequest(source=f"env:{env}", value="all", kind=Kind(kind), from_plugin=False))
+    return out
+
+
+def _dedupe(items: Iterable[DeviceRequest]) -> tuple[DeviceRequest, ...]:
+    seen: dict[tuple[str, str, Kind], DeviceRequest] = {}
+    for r in items:
+        seen.setdefault((r.source, r.value, r.kind), r)
+    return tuple(seen.values())
+
+
+def collect(
+    config: OciConfig, annotations: Mapping[str, str], settings: Settings, allocs: Sequence[Allocation]
+) -> Requests:
+    """Every request of one container, in evidence order (checkpoint first)."""
+    privileged = is_privileged(config.resource_rules) or has_sys_admin(config)
+    warnings: list[str] = []
+    checkpoint = _from_checkpoint(allocs, config)
+    granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
+    mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
+    if not granting:
+        granting = [m for m in mounts if m.kind is not Kind.IMEX]
+    imex = [m for m in mounts if m.kind is Kind.IMEX]
+    corroboration = _corroborated(config, settings, bool(allocs))
+    env = _from_env(config, settings, privileged, corroboration)
+    if env and (granting or checkpoint):
+        warnings.append(f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {(checkpoint or granting)[0].source}")
+        env = []
+    elif env and not privileged and not corroboration and not settings.accept_envvar_when_unprivileged:
+        warnings.append(f"{VISIBLE_ENV} ignored in an unprivileged container (accept_envvar_when_unprivileged: false)")
+        env = []
+    nodes = [] if is_privileged(config.resource_rules) else _from_nodes(config, settings.accelerator_nodes)
+    items = _dedupe([*checkpoint, *granting, *imex, *env, *nodes, *_mig_management(config)])
+    evidence = [s for s in dict.fromkeys(r.source.split(":")[0] for r in items if r.from_plugin)]
+    if corroboration and any(r.source.startswith("env:") and r.from_plugin for r in items):
+        evidence.append(f"corroborated-by:{corroboration}")
+    caps = config.env.get("NVIDIA_DRIVER_CAPABILITIES", "")
+    return Requests(items=items, evidence=tuple(evidence), warnings=tuple(warnings), driver_capabilities=caps)

@@ -1,0 +1,161 @@
+"""Operator settings (``/etc/oci-device-hook/config.yaml``): validated once, defaults when absent.
+
+Rule: an unknown key or a bad value is an ``InputError`` naming the key; a missing file means
+defaults. Settings come only from the host (``--config``), never from a container's env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from hook.errors import InputError
+
+__all__ = ["Policy", "MigManagement", "Settings", "DEFAULT_PATH", "parse_settings", "load_settings"]
+
+DEFAULT_PATH = Path("/etc/oci-device-hook/config.yaml")
+
+
+class Policy(StrEnum):
+    NARROW = "narrow"
+    REJECT = "reject"
+    AUDIT = "audit"
+
+
+class MigManagement(StrEnum):
+    REQUIRE_SYS_ADMIN = "require_sys_admin"
+    PRIVILEGED = "privileged"
+    NEVER = "never"
+
+
+# Accelerator node patterns per vendor (fnmatch, relative to /dev); research/device-plugins.md §4.
+DEFAULT_ACCELERATOR_NODES: Mapping[str, tuple[str, ...]] = {
+    "nvidia": ("nvidia[0-9]*", "nvidia-caps/*", "nvidia-caps-imex-channels/*"),
+    "amd": ("dri/renderD*", "dri/card*"),  # /dev/kfd is node-global: a control node, kept
+    "intel": ("dri/*",),
+    "ascend": ("davinci[0-9]*",),
+    "hygon": ("mkfd",),
+    "iluvatar": ("iluvatar[0-9]*",),
+    "thead": ("alixpu_ppu*",),
+    "cambricon": ("cambricon_dev*", "cambricon_ipcm*"),
+    "mthreads": ("mtgpu.*",),
+}
+
+# Plugin-only env siblings that corroborate a visible-devices env (HAMi, MPS, gpustack).
+DEFAULT_CORROBORATING_ENV: tuple[str, ...] = (
+    "CUDA_DEVICE_MEMORY_LIMIT*",
+    "CUDA_DEVICE_SM_LIMIT*",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "VROCM_*",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    privileged_allocation: Policy = Policy.NARROW
+    cdi_annotation_prefixes: tuple[str, ...] = ("cdi.k8s.io/",)
+    volume_mount_root: str = "/var/run/nvidia-container-devices"
+    kubelet_checkpoint: str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    corroborating_env: tuple[str, ...] = DEFAULT_CORROBORATING_ENV
+    accelerator_nodes: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: dict(DEFAULT_ACCELERATOR_NODES)
+    )
+    cdi_kinds: tuple[str, ...] = ("nvidia.com/gpu",)
+    accept_envvar_when_unprivileged: bool = True
+    mig_management: MigManagement = MigManagement.REQUIRE_SYS_ADMIN
+    cap_access: str = "r"
+    log_file: str = "/var/log/oci-device-hook.log"
+    log_max_bytes: int = 10 << 20
+    cache_dir: str = "/run/oci-device-hook"
+
+    @property
+    def default_cdi_kind(self) -> str:
+        return self.cdi_kinds[0]
+
+
+def _str_list(key: str, value: Any, source: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise InputError(source, key, "expected a list of non-empty strings")
+    return tuple(value)
+
+
+def _enum(cls: type[StrEnum], key: str, value: Any, source: str) -> StrEnum:
+    try:
+        return cls(value)
+    except ValueError:
+        choices = " | ".join(m.value for m in cls)
+        raise InputError(source, key, f"expected one of {choices}, got {value!r}") from None
+
+
+def _convert(key: str, value: Any, source: str) -> Any:
+    """Type-check one key; tables of converters keep each rule on one line."""
+    if key == "privileged_allocation":
+        return _enum(Policy, key, value, source)
+    if key == "mig_management":
+        return _enum(MigManagement, key, value, source)
+    if key in ("cdi_annotation_prefixes", "corroborating_env", "cdi_kinds"):
+        items = _str_list(key, value, source)
+        if not items:
+            raise InputError(source, key, "must not be empty")
+        return items
+    if key == "accelerator_nodes":
+        if not isinstance(value, dict):
+            raise InputError(source, key, "expected a map of vendor to a list of patterns")
+        return {str(k): _str_list(f"{key}.{k}", v, source) for k, v in value.items()}
+    if key == "accept_envvar_when_unprivileged":
+        if not isinstance(value, bool):
+            raise InputError(source, key, "expected true or false")
+        return value
+    if key == "cap_access":
+        if value not in ("r", "rw"):
+            raise InputError(source, key, "expected r or rw")
+        return value
+    if key == "log_max_bytes":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 4096:
+            raise InputError(source, key, "expected an integer >= 4096")
+        return value
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise InputError(source, key, "expected an absolute path")
+    return value
+
+
+_KEYS = frozenset(f.name for f in fields(Settings))
+
+
+def parse_settings(obj: Any, source: str) -> Settings:
+    """Build Settings from a decoded YAML document (None = empty file = defaults)."""
+    if obj is None:
+        return Settings()
+    if not isinstance(obj, dict):
+        raise InputError(source, "", "expected a mapping of settings")
+    values = {}
+    for key, value in obj.items():
+        if key not in _KEYS:
+            raise InputError(source, str(key), "unknown setting")
+        values[key] = _convert(key, value, source)
+    return Settings(**values)
+
+
+def load_settings(path: Path, *, required: bool = False) -> Settings:
+    """Read and validate the settings file; a missing default file means defaults."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if required:
+            raise InputError(str(path), "", "no such file") from None
+        return Settings()
+    except OSError as exc:
+        raise InputError(str(path), "", exc.strerror or str(exc)) from None
+    import yaml  # only containers that reach the slow path pay for it
+
+    try:
+        obj = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise InputError(str(path), where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return parse_settings(obj, str(path))
