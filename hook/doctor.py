@@ -1,0 +1,256 @@
+"""Host readiness checklist (``hook doctor``): driver, CDI specs, cgroups, registration, settings.
+
+Rule: every check reads the host, never changes it, and returns one ``Check`` (name, ok,
+detail, fix); a check never raises. Optional parts of the hook (CDI registry, BPF syscalls)
+are imported lazily, so the doctor still runs, and says so, when one is missing. The run
+fails (exit 1) when any check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = [
+    "HOOK_PATH",
+    "HOOKS_FILE",
+    "Check",
+    "check_cdi",
+    "check_cgroup",
+    "check_driver",
+    "check_hooks",
+    "check_settings",
+    "render",
+    "run_doctor",
+]
+
+HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
+HOOKS_FILE = "oci-device-hook.json"
+DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
+HOOK_STAGES = frozenset({"prestart", "createRuntime"})
+REQUIRED_MAJORS = ("nvidia", "nvidia-uvm", "nvidia-caps")
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _char_majors(text: str) -> dict[str, int]:
+    """Name → major from the "Character devices:" section of /proc/devices."""
+    majors: dict[str, int] = {}
+    in_char = False
+    for line in text.splitlines():
+        if line.strip().endswith("devices:"):
+            in_char = line.startswith("Character")
+            continue
+        parts = line.split()
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    if "nvidia" not in majors and "nvidia-frontend" in majors:
+        majors["nvidia"] = majors["nvidia-frontend"]
+    return majors
+
+
+def check_driver(driver_root: Path) -> Check:
+    """The NVIDIA driver is loaded: its majors in /proc/devices and nvidiactl in /dev."""
+    fix = "load the NVIDIA kernel modules (nvidia-modprobe / nvidia-smi) or pass --driver-root"
+    devices = driver_root / "proc/devices"
+    try:
+        majors = _char_majors(devices.read_text())
+    except OSError as exc:
+        return Check("driver", False, f"{devices}: {exc.strerror or exc}", fix)
+    missing = [name for name in REQUIRED_MAJORS if name not in majors]
+    if missing:
+        return Check("driver", False, f"{devices}: no major for {', '.join(missing)}", fix)
+    found = ", ".join(f"{name} {majors[name]}" for name in REQUIRED_MAJORS)
+    try:
+        version = (driver_root / "proc/driver/nvidia/version").read_text().split("\n", 1)[0].strip()
+    except OSError:
+        version = "version file missing"
+    if not (driver_root / "dev/nvidiactl").exists():
+        return Check("driver", False, f"{found}; {driver_root / 'dev/nvidiactl'} missing", fix)
+    gpus = sorted(p.name for p in (driver_root / "dev").glob("nvidia[0-9]*"))
+    return Check("driver", True, f"{found}; {len(gpus)} GPU node(s); {version}")
+
+
+def check_cdi(spec_dirs: Sequence[Path]) -> Check:
+    """Every CDI spec in the spec directories parses and validates (hook.cdi.registry)."""
+    try:
+        from hook.cdi.registry import Registry
+    except ImportError as exc:
+        return Check("cdi", True, f"not available in this build ({exc}); CDI specs not checked")
+    dirs = [d for d in spec_dirs if d.is_dir()]
+    if not dirs:
+        return Check("cdi", True, "no CDI spec directory exists (fine when no engine uses CDI)")
+    try:
+        registry = Registry.load(dirs, None)
+    except Exception as exc:  # a doctor reports; it never crashes on what it inspects
+        return Check("cdi", False, f"loading {', '.join(map(str, dirs))}: {exc}", _CDI_FIX)
+    errors = [f"{path}: {problem}" for path, problems in registry.errors.items() for problem in problems]
+    if errors:
+        return Check("cdi", False, "; ".join(errors), _CDI_FIX)
+    return Check("cdi", True, f"{len(registry.devices)} device(s) in {', '.join(map(str, dirs))}")
+
+
+_CDI_FIX = "regenerate the spec (nvidia-ctk cdi generate) or check it with: hook cdi validate FILE"
+
+
+def _mount_types(mounts_text: str) -> dict[str, tuple[str, str]]:
+    """Mount point → (fs type, options) from /proc/self/mounts text (last mount wins)."""
+    table: dict[str, tuple[str, str]] = {}
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            table[parts[1].replace("\\040", " ")] = (parts[2], parts[3])
+    return table
+
+
+def _bpf_probe() -> tuple[bool, str]:
+    try:
+        from hook.apply import bpf_sys
+    except ImportError as exc:
+        return True, f"BPF support not available in this build ({exc})"
+    probe: Callable[[], object] | None = getattr(bpf_sys, "probe", None)
+    if probe is None:
+        return True, "BPF syscalls importable"
+    try:
+        probe()
+    except OSError as exc:
+        return False, f"cannot query BPF device programs: {exc.strerror or exc}"
+    return True, "BPF device programs can be queried"
+
+
+def check_cgroup(mounts_file: Path = Path("/proc/self/mounts")) -> Check:
+    """Which cgroup version holds the device controller, and whether the hook can drive it."""
+    try:
+        table = _mount_types(mounts_file.read_text())
+    except OSError as exc:
+        return Check("cgroup", False, f"{mounts_file}: {exc.strerror or exc}", "mount /proc")
+    fstype, _ = table.get(CGROUP_ROOT, ("", ""))
+    if fstype == "cgroup2":
+        ok, detail = _bpf_probe()
+        fix = "" if ok else "run the hook as root on a kernel with CONFIG_CGROUP_BPF"
+        return Check("cgroup", ok, f"v2 (unified); {detail}", fix)
+    devices = [p for p, (t, opts) in table.items() if t == "cgroup" and "devices" in opts.split(",")]
+    if devices:
+        hybrid = " hybrid" if table.get(f"{CGROUP_ROOT}/unified", ("",))[0] == "cgroup2" else ""
+        return Check("cgroup", True, f"v1{hybrid}; devices controller at {devices[0]}")
+    return Check(
+        "cgroup",
+        False,
+        f"no cgroup2 at {CGROUP_ROOT} and no v1 devices controller",
+        "mount the cgroup v1 devices controller or boot with the unified hierarchy",
+    )
+
+
+def _effective_hooks_file(hooks_dirs: Sequence[Path]) -> Path | None:
+    """The file an engine would use: same file name in a later directory replaces an earlier one."""
+    found: Path | None = None
+    for directory in hooks_dirs:
+        candidates = [directory / HOOKS_FILE]
+        if directory.is_dir():
+            candidates += sorted(directory.glob("*.json"))
+        for path in candidates:
+            if path.is_file() and (path.name == HOOKS_FILE or _points_at_hook(path)):
+                found = path
+                break
+    return found
+
+
+def _points_at_hook(path: Path) -> bool:
+    try:
+        hook = json.loads(path.read_text()).get("hook", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(hook, dict) and hook.get("path") == HOOK_PATH
+
+
+def _hooks_problem(path: Path) -> str:
+    """'' when the hooks.d file is usable, else what an engine would reject or skip."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path}: not readable JSON ({exc})"
+    hook = doc.get("hook") if isinstance(doc, dict) else None
+    if not isinstance(hook, dict) or doc.get("version") != "1.0.0":
+        return f"{path}: expected version 1.0.0 with a hook object"
+    target = hook.get("path")
+    if not isinstance(target, str) or not os.access(target, os.X_OK) or not Path(target).is_file():
+        return f"{path}: hook.path {target!r} is not an executable file"
+    stages = doc.get("stages")
+    if not isinstance(stages, list) or not HOOK_STAGES & set(stages):
+        return f"{path}: stages {stages!r} name neither prestart nor createRuntime"
+    if not doc.get("when"):
+        return f"{path}: no 'when' condition, so the hook never matches"
+    return ""
+
+
+def check_hooks(hooks_dirs: Sequence[Path]) -> Check:
+    """The hooks.d file is installed in an engine's hooks directory and points at the hook."""
+    fix = f"install nvidia-hook.json as {DEFAULT_HOOKS_DIR}/{HOOKS_FILE} (see docs/operators.md)"
+    path = _effective_hooks_file(hooks_dirs)
+    if path is None:
+        return Check("hooks.d", False, f"no {HOOKS_FILE} in {', '.join(map(str, hooks_dirs))}", fix)
+    problem = _hooks_problem(path)
+    if problem:
+        return Check("hooks.d", False, problem, fix)
+    return Check("hooks.d", True, f"{path} → {json.loads(path.read_text())['hook']['path']}")
+
+
+def check_settings(settings_file: Path) -> Check:
+    """The settings file is valid YAML with known keys (a missing file means defaults)."""
+    try:
+        from hook.errors import InputError
+        from hook.settings import load_settings
+    except ImportError as exc:
+        return Check("settings", True, f"not available in this build ({exc}); {settings_file} not checked")
+    if not settings_file.exists():
+        return Check("settings", True, f"{settings_file} absent: built-in defaults")
+    try:
+        settings = load_settings(settings_file)
+    except InputError as exc:
+        return Check("settings", False, str(exc), f"fix or comment out the key in {settings_file}")
+    policy = getattr(settings, "privileged_allocation", "?")
+    return Check("settings", True, f"{settings_file}: valid (privileged_allocation={policy})")
+
+
+def render(checks: Sequence[Check], fmt: str) -> str:
+    """Text checklist for people, or a JSON list of {name, ok, detail, fix} for programs."""
+    if fmt == "json":
+        return json.dumps([asdict(c) for c in checks], indent=2)
+    lines = ["oci-device-hook doctor"]
+    for c in checks:
+        lines.append(f"{'✓' if c.ok else '✗'} {c.name}: {c.detail}")
+        if not c.ok and c.fix:
+            lines.append(f"    fix: {c.fix}")
+    passed = sum(c.ok for c in checks)
+    lines.append(f"{passed} of {len(checks)} checks passed")
+    return "\n".join(lines)
+
+
+def run_doctor(
+    driver_root: Path,
+    spec_dirs: list[Path],
+    hooks_dirs: list[Path],
+    settings_file: Path,
+    fmt: str,
+    *,
+    mounts_file: Path = Path("/proc/self/mounts"),
+) -> tuple[str, int]:
+    """Run every check; return the report and the exit status (1 when any check failed)."""
+    checks = [
+        check_driver(driver_root),
+        check_cdi(spec_dirs),
+        check_cgroup(mounts_file),
+        check_hooks(hooks_dirs),
+        check_settings(settings_file),
+    ]
+    return render(checks, fmt), 0 if all(c.ok for c in checks) else 1
