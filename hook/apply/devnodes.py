@@ -1,0 +1,376 @@
+"""Device nodes inside a live container: create the Plan's nodes, remove its removals, undo both.
+
+Rule: every change happens in a forked child that has joined the container's mount namespace
+(``setns`` on ``/proc/<pid>/ns/mnt``) and every container path is resolved from an ``O_PATH``
+root fd one component at a time, never following a symlink and never accepting ``..``
+(``openat2`` with ``RESOLVE_NO_SYMLINKS|RESOLVE_BENEATH`` per component, else an
+``O_NOFOLLOW`` open checked with ``fstat``). A path under a symlinked component is an error,
+so a hostile image cannot point ``/dev`` at a host directory. Each node is re-checked with
+``lstat`` (``S_ISCHR``/``S_ISBLK`` and major:minor) after ``mknod``; only device nodes are ever
+removed. The child reports a journal (JSON over a pipe) so the parent can undo exactly what
+was done, even when the child failed half-way.
+
+Where the container root is: runc runs prestart/createRuntime hooks before ``pivot_root``
+(checked with runc 1.1.5: the init's root is the namespace's copy of the host ``/``, and the
+rootfs is bind-mounted at its host path with runc's ``/dev`` tmpfs on top). So the root is
+the bundle rootfs path looked up *inside* the namespace, and is accepted only if it is the same
+inode as the host's rootfs directory; after a pivot the namespace root itself is that inode.
+Without a rootfs path, a namespace whose root is the host's root is refused: its ``/dev`` is
+the host's devtmpfs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hook.errors import ApplyError
+from hook.plan import Node
+
+__all__ = ["Change", "Undo", "apply", "split_container_path"]
+
+CLONE_NEWNS = 0x00020000
+SYS_OPENAT2 = 437  # x86_64 and aarch64 (asm-generic) alike
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+DIR_MODE = 0o755
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """One journal entry: ``mkdir`` or ``mknod`` (we created it) or ``unlink`` (we removed it)."""
+
+    op: str
+    path: str
+    type: str = ""
+    major: int = 0
+    minor: int = 0
+    mode: int = 0
+    uid: int = 0
+    gid: int = 0
+
+
+def split_container_path(path: str) -> tuple[str, ...]:
+    """``/dev/a/b`` → ``("dev", "a", "b")``; anything not strictly below ``/dev`` is refused."""
+    parts = tuple(path.split("/"))
+    if len(parts) < 3 or parts[0] != "" or parts[1] != "dev" or any(p in ("", ".", "..") for p in parts[1:]):
+        raise ApplyError("plan", path, "device paths must be normalized absolute paths below /dev")
+    return parts[1:]
+
+
+# ---- syscalls ---------------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_openat2_works = [True]
+
+
+def _setns(fd: int) -> None:
+    if hasattr(os, "setns"):
+        os.setns(fd, CLONE_NEWNS)
+    elif _libc.setns(fd, CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _open_child_dir(dirfd: int, name: str) -> int:
+    """Open one existing directory component below ``dirfd`` without following a symlink."""
+    if _openat2_works[0]:
+        how = _OpenHow(_DIR_FLAGS, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH)
+        fd = _libc.syscall(SYS_OPENAT2, dirfd, name.encode(), ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            return int(fd)
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: seccomp may block unknown syscalls
+            raise OSError(err, os.strerror(err), name)
+        _openat2_works[0] = False
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dirfd)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):  # O_PATH|O_NOFOLLOW opens a symlink itself
+        os.close(fd)
+        raise OSError(errno.ELOOP, "symbolic link in container path", name)
+    return fd
+
+
+# ---- the child's work -------------------------------------------------------------------------
+
+
+def _walk(root_fd: int, parts: Sequence[str], journal: list[Change], create: bool) -> int | None:
+    """An fd for the directory ``parts`` below root, creating missing ones (0755) when asked."""
+    fd = os.dup(root_fd)
+    try:
+        for i, name in enumerate(parts):
+            try:
+                nxt = _open_child_dir(fd, name)
+            except FileNotFoundError:
+                if not create:
+                    os.close(fd)
+                    return None
+                os.mkdir(name, DIR_MODE, dir_fd=fd)
+                journal.append(Change(op="mkdir", path="/" + "/".join(parts[: i + 1]), mode=DIR_MODE))
+                nxt = _open_child_dir(fd, name)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lstat(dirfd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _same_device(st: os.stat_result | None, kind: str, major: int, minor: int) -> bool:
+    is_kind = stat.S_ISCHR if kind == "c" else stat.S_ISBLK
+    return st is not None and is_kind(st.st_mode) and divmod_dev(st.st_rdev) == (major, minor)
+
+
+def divmod_dev(rdev: int) -> tuple[int, int]:
+    return os.major(rdev), os.minor(rdev)
+
+
+def _mknod(root_fd: int, node: Change, journal: list[Change]) -> None:
+    """Create one node (parents too); an identical node already there is left alone."""
+    parts = split_container_path(node.path)
+    dirfd = _walk(root_fd, parts[:-1], journal, create=True)
+    assert dirfd is not None
+    try:
+        st = _lstat(dirfd, parts[-1])
+        if st is not None:
+            if _same_device(st, node.type, node.major, node.minor):
+                return
+            raise ApplyError(node.path, "", "exists and is not the planned device node")
+        kind = stat.S_IFCHR if node.type == "c" else stat.S_IFBLK
+        os.mknod(parts[-1], kind | (node.mode & 0o7777), os.makedev(node.major, node.minor), dir_fd=dirfd)
+        journal.append(node)
+        os.chown(parts[-1], node.uid, node.gid, dir_fd=dirfd, follow_symlinks=False)
+        if not _same_device(_lstat(dirfd, parts[-1]), node.type, node.major, node.minor):
+            raise ApplyError(node.path, "", "node differs from the plan after mknod")
+    finally:
+        os.close(dirfd)
+
+
+def _unlink(root_fd: int, path: str, journal: list[Change], expect: Change | None) -> None:
+    """Remove one char/block node; with ``expect`` only if it is still that very device."""
+    parts = split_container_path(path)
+    dirfd = _walk(root_fd, parts[:-1], journal, create=False)
+    if dirfd is None:
+        return
+    try:
+        st = _lstat(dirfd, parts[-1])
+        if st is None:
+            return
+        if expect is not None and not _same_device(st, expect.type, expect.major, expect.minor):
+            return  # something else is there now: not ours to remove
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+            raise ApplyError(path, "", "refusing to remove something that is not a device node")
+        os.unlink(parts[-1], dir_fd=dirfd)
+        kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
+        major, minor = divmod_dev(st.st_rdev)
+        mode = stat.S_IMODE(st.st_mode)
+        journal.append(
+            Change(
+                op="unlink",
+                path=path,
+                type=kind,
+                major=major,
+                minor=minor,
+                mode=mode,
+                uid=st.st_uid,
+                gid=st.st_gid,
+            )
+        )
+    finally:
+        os.close(dirfd)
+
+
+def _rmdir(root_fd: int, path: str, journal: list[Change]) -> None:
+    """Remove a directory we created, only while it is empty."""
+    parts = split_container_path(path)
+    dirfd = _walk(root_fd, parts[:-1], journal, create=False)
+    if dirfd is None:
+        return
+    try:
+        os.rmdir(parts[-1], dir_fd=dirfd)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+            raise
+    finally:
+        os.close(dirfd)
+
+
+def _run_actions(root_fd: int, actions: Sequence[tuple[str, Change]], journal: list[Change]) -> None:
+    for op, change in actions:
+        if op == "mknod":
+            _mknod(root_fd, change, journal)
+        elif op == "unlink":
+            _unlink(root_fd, change.path, journal, expect=None)
+        elif op == "unlink-ours":
+            _unlink(root_fd, change.path, journal, expect=change)
+        elif op == "rmdir":
+            _rmdir(root_fd, change.path, journal)
+
+
+def _container_root(
+    rootfs_id: tuple[int, int] | None, host_root_id: tuple[int, int], rootfs: str | None
+) -> int:
+    """An O_PATH fd of the container root, called in the child after ``setns`` (see module doc)."""
+    ns_root = os.stat("/")
+    ns_id = (ns_root.st_dev, ns_root.st_ino)
+    if rootfs is None or rootfs_id is None:
+        if ns_id == host_root_id:
+            raise ApplyError("state", "rootfs", "container has not pivoted yet and no rootfs path was given")
+        return os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    if ns_id == rootfs_id:
+        return os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != rootfs_id:
+        os.close(fd)
+        raise ApplyError("state", "rootfs", f"{rootfs} in the container's mount namespace is not its rootfs")
+    return fd
+
+
+def _child(
+    ns_fd: int, wfd: int, ids: tuple[Any, Any], rootfs: str | None, actions: Sequence[tuple[str, Change]]
+) -> None:
+    """Runs in the forked child: join, resolve root, act, report; never returns."""
+    journal: list[Change] = []
+    report: dict[str, Any] = {"error": None}
+    try:
+        _setns(ns_fd)
+        os.umask(0)
+        root_fd = _container_root(ids[0], ids[1], rootfs)
+        _run_actions(root_fd, actions, journal)
+    except ApplyError as exc:
+        report["error"] = [exc.file, exc.reason]
+    except OSError as exc:
+        report["error"] = [exc.filename or "", exc.strerror or str(exc)]
+    except BaseException as exc:  # the child must always report and exit
+        report["error"] = ["", repr(exc)]
+    report["journal"] = [_change_dict(c) for c in journal]
+    try:
+        os.write(wfd, json.dumps(report).encode())
+    finally:
+        os._exit(0)
+
+
+def _change_dict(c: Change) -> dict[str, Any]:
+    return {f: getattr(c, f) for f in Change.__dataclass_fields__}
+
+
+def _in_namespace(
+    pid: int, proc: Path, rootfs: str | None, actions: Sequence[tuple[str, Change]]
+) -> tuple[list[Change], list[str] | None]:
+    """Fork a child into ``pid``'s mount namespace to run ``actions``; its journal and error."""
+    ns_path = proc / str(pid) / "ns" / "mnt"
+    try:
+        ns_fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
+        host_root = os.stat("/")
+        rootfs_st = os.stat(rootfs) if rootfs is not None else None
+    except OSError as exc:
+        raise ApplyError(exc.filename or str(ns_path), "", exc.strerror or str(exc)) from exc
+    ids = ((rootfs_st.st_dev, rootfs_st.st_ino) if rootfs_st else None, (host_root.st_dev, host_root.st_ino))
+    rfd, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(rfd)
+        _child(ns_fd, wfd, ids, rootfs, actions)
+    os.close(wfd)
+    os.close(ns_fd)
+    data = b""
+    with os.fdopen(rfd, "rb") as reader:
+        data = reader.read()
+    os.waitpid(child, 0)
+    try:
+        report = json.loads(data)
+    except ValueError:
+        return [], ["devnodes child", "exited without a report"]
+    return [Change(**c) for c in report["journal"]], report["error"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Undo:
+    """What ``apply`` changed in one container, and how to take it back."""
+
+    pid: int
+    rootfs: str | None
+    journal: tuple[Change, ...]
+    proc: Path = Path("/proc")
+
+    @property
+    def created(self) -> tuple[str, ...]:
+        return tuple(c.path for c in self.journal if c.op == "mknod")
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        return tuple(c.path for c in self.journal if c.op == "unlink")
+
+    def run(self) -> None:
+        """Remove what was created (only if still the same device) and re-create what was removed."""
+        inverse = {"mknod": "unlink-ours", "unlink": "mknod", "mkdir": "rmdir"}
+        actions = [(inverse[c.op], c) for c in reversed(self.journal)]
+        if not actions:
+            return
+        _, error = _in_namespace(self.pid, self.proc, self.rootfs, actions)
+        if error:
+            raise ApplyError(error[0], "undo", error[1])
+
+
+def apply(
+    pid: int,
+    create: Sequence[Node],
+    remove: Sequence[str],
+    *,
+    rootfs: str | None = None,
+    proc: Path = Path("/proc"),
+) -> Undo:
+    """Create ``create`` and remove ``remove`` in ``pid``'s container; on failure undo and raise."""
+    actions: list[tuple[str, Change]] = [("unlink", Change(op="unlink", path=p)) for p in remove]
+    for n in create:
+        split_container_path(n.path)
+        if n.type not in ("c", "b"):
+            raise ApplyError("plan", n.path, f"node type must be c or b, not {n.type!r}")
+        actions.append(
+            (
+                "mknod",
+                Change(
+                    op="mknod",
+                    path=n.path,
+                    type=n.type,
+                    major=n.major,
+                    minor=n.minor,
+                    mode=n.file_mode,
+                    uid=n.uid,
+                    gid=n.gid,
+                ),
+            )
+        )
+    for p in remove:
+        split_container_path(p)
+    journal, error = _in_namespace(pid, proc, rootfs, actions)
+    undo = Undo(pid=pid, rootfs=rootfs, journal=tuple(journal), proc=proc)
+    if error:
+        try:
+            undo.run()
+        except ApplyError as exc:
+            error[1] += f" (undo also failed: {exc})"
+        raise ApplyError(error[0] or "device nodes", "", error[1])
+    return undo

@@ -1,0 +1,199 @@
+"""devnodes against real mount namespaces: a process made with ``unshare -m`` stands in for a
+paused container (before pivot_root, like runc at prestart, and after it), with a tmpfs /dev
+that exists only in that namespace; hostile rootfs layouts must leave the host untouched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hook.apply import devnodes
+from hook.errors import ApplyError
+from hook.plan import Node
+
+BUSYBOX = Path("/usr/bin/busybox")
+CAP2 = Node(
+    path="/dev/nvidia-caps/nvidia-cap2", type="c", major=237, minor=2, file_mode=0o444, uid=1000, gid=1001
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and mknod need root")
+
+
+def make_rootfs(tmp_path: Path) -> Path:
+    root = tmp_path / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    (root / "dev").mkdir()
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    return root
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[[str], int]]:
+    """Start ``sh -c script`` in a private mount namespace; the script echoes ``ready`` when set up."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(script: str) -> int:
+        proc = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return proc.pid
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def unpivoted(root: Path, extra: str = "") -> str:
+    return f"mount -t tmpfs -o mode=755 tmpfs {root}/dev && {extra} echo ready && exec sleep 600"
+
+
+def pivoted(root: Path) -> str:
+    bb = "/bin/busybox"
+    inner = f"{bb} umount -l /old; {bb} mount -t tmpfs tmpfs /dev; echo ready; exec {bb} sleep 600"
+    setup = f"mount --bind {root} {root} && cd {root} && mkdir -p old && pivot_root . old"
+    return f"{setup} && exec {bb} sh -c '{inner}'"
+
+
+def in_ns(pid: int, root: Path | None, path: str) -> Path:
+    """A host path that reaches ``path`` of the container through ``/proc/<pid>/root``."""
+    base = Path(f"/proc/{pid}/root")
+    return base / str(root).lstrip("/") / path.lstrip("/") if root else base / path.lstrip("/")
+
+
+def test_create_before_pivot_lands_in_the_namespace_tmpfs(
+    tmp_path: Path, spawn: Callable[[str], int]
+) -> None:
+    root = make_rootfs(tmp_path)
+    pid = spawn(unpivoted(root, "mknod -m 640 " + str(root) + "/dev/victim c 1 3 &&"))
+    undo = devnodes.apply(pid, [CAP2], ["/dev/victim"], rootfs=str(root))
+    st = os.lstat(in_ns(pid, root, CAP2.path))
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (237, 2)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o444, 1000, 1001)
+    assert stat.S_IMODE(os.lstat(in_ns(pid, root, "/dev/nvidia-caps")).st_mode) == 0o755
+    assert not in_ns(pid, root, "/dev/victim").exists()
+    assert undo.created == (CAP2.path,) and undo.removed == ("/dev/victim",)
+    assert list((root / "dev").iterdir()) == []  # the host side of the rootfs never saw it
+    undo.run()
+    assert not in_ns(pid, root, "/dev/nvidia-caps").exists()
+    victim = os.lstat(in_ns(pid, root, "/dev/victim"))
+    assert (os.major(victim.st_rdev), os.minor(victim.st_rdev), stat.S_IMODE(victim.st_mode)) == (1, 3, 0o640)
+
+
+def test_create_after_pivot_uses_namespace_root(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    root = make_rootfs(tmp_path)
+    pid = spawn(pivoted(root))
+    undo = devnodes.apply(pid, [CAP2], [], rootfs=str(root))
+    assert stat.S_ISCHR(os.lstat(in_ns(pid, None, CAP2.path)).st_mode)
+    undo.run()
+    assert not in_ns(pid, None, "/dev/nvidia-caps").exists()
+
+
+def test_after_pivot_works_without_rootfs(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    pid = spawn(pivoted(make_rootfs(tmp_path)))
+    devnodes.apply(pid, [CAP2], []).run()
+
+
+def test_unpivoted_without_rootfs_is_refused(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    pid = spawn(unpivoted(make_rootfs(tmp_path)))
+    with pytest.raises(ApplyError, match="not pivoted"):
+        devnodes.apply(pid, [CAP2], [])
+    assert not Path("/dev/nvidia-caps/nvidia-cap2").exists()
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(devnodes, "_openat2_works", [request.param == "openat2"])
+    return str(request.param)
+
+
+def test_hostile_dev_symlink_to_host_dir(tmp_path: Path, spawn: Callable[[str], int], resolver: str) -> None:
+    root = make_rootfs(tmp_path)
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    (root / "dev").rmdir()
+    (root / "dev").symlink_to(host_dir)
+    pid = spawn("echo ready; exec sleep 600")
+    with pytest.raises(ApplyError):
+        devnodes.apply(pid, [CAP2], [], rootfs=str(root))
+    assert list(host_dir.iterdir()) == []
+
+
+def test_hostile_symlink_below_dev(tmp_path: Path, spawn: Callable[[str], int], resolver: str) -> None:
+    root = make_rootfs(tmp_path)
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    pid = spawn(unpivoted(root, f"ln -s {host_dir} {root}/dev/nvidia-caps &&"))
+    with pytest.raises(ApplyError):
+        devnodes.apply(pid, [CAP2], [], rootfs=str(root))
+    assert list(host_dir.iterdir()) == []
+
+
+def test_removal_refuses_directory_and_undoes_earlier_creates(
+    tmp_path: Path, spawn: Callable[[str], int]
+) -> None:
+    root = make_rootfs(tmp_path)
+    pid = spawn(unpivoted(root, f"mkdir {root}/dev/adir &&"))
+    with pytest.raises(ApplyError, match="not the planned device node"):
+        devnodes.apply(pid, [CAP2, Node(path="/dev/adir", type="c", major=1, minor=1)], [], rootfs=str(root))
+    assert not in_ns(pid, root, "/dev/nvidia-caps").exists()
+    with pytest.raises(ApplyError, match="not a device node"):
+        devnodes.apply(pid, [], ["/dev/adir"], rootfs=str(root))
+    assert in_ns(pid, root, "/dev/adir").is_dir()
+
+
+def test_removal_of_symlink_is_refused_target_untouched(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    root = make_rootfs(tmp_path)
+    target = tmp_path / "target"
+    os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    pid = spawn(unpivoted(root, f"ln -s {target} {root}/dev/link &&"))
+    with pytest.raises(ApplyError):
+        devnodes.apply(pid, [], ["/dev/link"], rootfs=str(root))
+    assert stat.S_ISCHR(os.lstat(target).st_mode)
+
+
+def test_identical_existing_node_is_kept_different_one_refused(
+    tmp_path: Path, spawn: Callable[[str], int]
+) -> None:
+    root = make_rootfs(tmp_path)
+    pid = spawn(unpivoted(root, f"mknod {root}/dev/same c 237 2 && mknod {root}/dev/other c 237 3 &&"))
+    same = Node(path="/dev/same", type="c", major=237, minor=2)
+    assert devnodes.apply(pid, [same], [], rootfs=str(root)).journal == ()
+    with pytest.raises(ApplyError, match="not the planned device"):
+        devnodes.apply(pid, [Node(path="/dev/other", type="c", major=237, minor=2)], [], rootfs=str(root))
+
+
+def test_wrong_rootfs_is_refused(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    root = make_rootfs(tmp_path)
+    pid = spawn(unpivoted(root))
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    with pytest.raises(ApplyError, match="rootfs"):
+        devnodes.apply(pid, [CAP2], [], rootfs=str(tmp_path / "nowhere"))
+    # a directory that exists on the host but is a different inode from the namespace's view
+    pid2 = spawn(f"mount -t tmpfs tmpfs {decoy} && echo ready && exec sleep 600")
+    with pytest.raises(ApplyError, match="not its rootfs"):
+        devnodes.apply(pid2, [CAP2], [], rootfs=str(decoy))
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "/dev/../etc/x", "dev/x", "/dev//x", "/dev"])
+def test_paths_outside_dev_are_refused_before_anything_runs(path: str) -> None:
+    with pytest.raises(ApplyError) as info:
+        devnodes.apply(os.getpid(), [Node(path=path, type="c", major=1, minor=3)], [])
+    assert info.value.field == path
+
+
+def test_missing_process_names_its_namespace_file(tmp_path: Path) -> None:
+    with pytest.raises(ApplyError) as info:
+        devnodes.apply(424242, [CAP2], [], proc=tmp_path)
+    assert info.value.file == str(tmp_path / "424242" / "ns" / "mnt")
