@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 __all__ = ["NVIDIA_MAJOR", "CapNode", "CapTable", "Gpu", "Inventory", "Majors", "MigDevice"]
 
@@ -93,3 +94,16 @@ class Inventory:
 
     def gpu_by_minor(self, minor: int) -> Gpu | None:
         return next((g for g in self.gpus if g.minor == minor), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The snapshot object (``hook inventory`` / ``--inventory FILE``); dump with sort_keys."""
+        from hook.nvidia.snapshot import inventory_to_json
+
+        return inventory_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: str | bytes | Mapping[str, Any], source: str) -> Inventory:
+        """Parse a snapshot; ``InputError(source, json.path, reason)`` on any bad field."""
+        from hook.nvidia.snapshot import inventory_from_json
+
+        return inventory_from_json(data, source)

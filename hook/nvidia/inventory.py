@@ -1,0 +1,225 @@
+"""The host's NVIDIA inventory: one ``load`` that asks the cheapest source able to answer.
+
+Rule: ``--inventory FILE`` wins; then the cache, valid only for the same boot id, driver
+version, GPU set and MIG instance set; then /proc. NVML is asked only when /proc cannot list the
+GPUs (or their UUIDs), or when MIG devices exist whose UUIDs are needed. Majors and capability
+nodes always come from /proc of this boot, never from the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final
+
+from hook.errors import InputError
+from hook.nvidia import nvml, procfs
+from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
+from hook.nvidia.snapshot import SNAPSHOT_VERSION
+
+__all__ = [
+    "CACHE_NAME",
+    "DEFAULT_CACHE_DIR",
+    "CapNode",
+    "CapTable",
+    "Gpu",
+    "Inventory",
+    "Majors",
+    "MigDevice",
+    "cache_key",
+    "dumps",
+    "load",
+    "read_cache",
+    "read_snapshot",
+    "write_cache",
+]
+
+DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
+CACHE_NAME: Final = "inventory.json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Proc:
+    """Everything read from /proc for one load."""
+
+    majors: Majors
+    driver_version: str | None
+    infos: tuple[procfs.GpuInfo, ...] | None
+    caps: CapTable
+    boot_id: str | None
+    warnings: tuple[str, ...]
+
+
+def dumps(inv: Inventory) -> str:
+    return json.dumps(inv.to_json(), sort_keys=True, indent=2) + "\n"
+
+
+def read_snapshot(path: Path) -> Inventory:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), "", f"cannot read inventory: {exc.strerror or exc}") from None
+    return replace(Inventory.from_json(data, str(path)), source="file")
+
+
+def _read_proc(driver_root: Path) -> _Proc:
+    caps, warnings = procfs.read_cap_table(driver_root)
+    return _Proc(
+        majors=procfs.read_majors(driver_root),
+        driver_version=procfs.read_driver_version(driver_root),
+        infos=procfs.read_gpu_infos(driver_root),
+        caps=caps,
+        boot_id=procfs.read_boot_id(driver_root),
+        warnings=warnings,
+    )
+
+
+def cache_key(proc: _Proc) -> dict[str, Any] | None:
+    """What must not change for a cached inventory to stay true; ``None``: do not cache."""
+    if proc.boot_id is None or proc.driver_version is None or proc.infos is None:
+        return None
+    return {
+        "version": SNAPSHOT_VERSION,
+        "boot_id": proc.boot_id,
+        "driver_version": proc.driver_version,
+        "gpus": sorted(info.pci_bus_id for info in proc.infos),
+        "mig_instances": [list(key) for key in proc.caps.instances()],
+    }
+
+
+def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, str | None]:
+    """The cached inventory if its key matches; a corrupt file is a miss plus a warning."""
+    path = cache_dir / CACHE_NAME
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"{path}: ignored unreadable cache: {exc}"
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None, None
+    try:
+        return Inventory.from_json(data.get("inventory"), str(path)), None  # type: ignore[arg-type]
+    except InputError as exc:
+        return None, f"ignored corrupt cache: {exc}"
+
+
+def write_cache(cache_dir: Path, key: dict[str, Any], inv: Inventory) -> str | None:
+    """Write atomically (temp file + fsync + rename); a failure is returned as a warning."""
+    payload = json.dumps({"key": key, "inventory": inv.to_json()}, sort_keys=True).encode()
+    tmp = None
+    try:
+        cache_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".inventory.", dir=cache_dir)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, cache_dir / CACHE_NAME)
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return f"{cache_dir / CACHE_NAME}: cache not written: {exc.strerror or exc}"
+    return None
+
+
+def _proc_migs(
+    caps: CapTable, gpus: tuple[Gpu, ...], skip: set[tuple[int, int, int]]
+) -> tuple[MigDevice, ...]:
+    """MIG devices known only from capability nodes (no UUID), numbered per parent by (gi, ci)."""
+    out: list[MigDevice] = []
+    for gpu in gpus:
+        taken = len([key for key in skip if key[0] == gpu.minor])
+        keys = [key for key in caps.instances() if key[0] == gpu.minor and key not in skip]
+        for n, (minor, gi, ci) in enumerate(sorted(keys)):
+            out.append(
+                MigDevice(
+                    uuid=None, parent_minor=minor, parent_index=gpu.index, gi=gi, ci=ci, index=taken + n
+                )
+            )
+    return tuple(out)
+
+
+def _from_proc(proc: _Proc) -> Inventory | None:
+    """The inventory /proc alone gives, or ``None`` if it cannot list every GPU with its UUID."""
+    if proc.infos is None or proc.driver_version is None or any(i.uuid is None for i in proc.infos):
+        return None
+    mig_minors = {key[0] for key in proc.caps.gi}
+    gpus = tuple(
+        Gpu(
+            index=n,
+            minor=i.minor,
+            uuid=i.uuid or "",
+            pci_bus_id=i.pci_bus_id,
+            name=i.model,
+            mig_enabled=i.minor in mig_minors,
+        )
+        for n, i in enumerate(proc.infos)
+    )
+    return Inventory(
+        driver_version=proc.driver_version,
+        majors=proc.majors,
+        gpus=gpus,
+        migs=_proc_migs(proc.caps, gpus, set()),
+        caps=proc.caps,
+        source="proc",
+        warnings=proc.warnings,
+    )
+
+
+def _with_nvml(proc: _Proc, result: nvml.NvmlResult) -> Inventory:
+    """NVML's GPUs and MIG devices; instances /proc shows but NVML did not describe keep no UUID."""
+    described = {(m.parent_minor, m.gi, m.ci) for m in result.migs}
+    extra = _proc_migs(proc.caps, result.gpus, described)
+    return Inventory(
+        driver_version=proc.driver_version or result.driver_version,
+        majors=proc.majors,
+        gpus=result.gpus,
+        migs=result.migs + extra,
+        caps=proc.caps,
+        source="proc+nvml",
+        warnings=proc.warnings + result.warnings,
+    )
+
+
+def load(
+    driver_root: Path,
+    inventory_file: Path | None,
+    cache_dir: Path | None,
+    need_migs: bool,
+    *,
+    nvml_module: ModuleType | Any | None = None,
+) -> Inventory:
+    """The host inventory: file > cache > /proc > NVML (see the module rule)."""
+    if inventory_file is not None:
+        return read_snapshot(inventory_file)
+    proc = _read_proc(driver_root)
+    key = cache_key(proc)
+    notes: tuple[str, ...] = ()
+    if cache_dir is not None and key is not None:
+        cached, note = read_cache(cache_dir, key)
+        if cached is not None:
+            return replace(cached, majors=proc.majors, caps=proc.caps, source="cache", warnings=proc.warnings)
+        notes = (note,) if note else ()
+    from_proc = _from_proc(proc)
+    if from_proc is not None and not (need_migs and any(m.uuid is None for m in from_proc.migs)):
+        return replace(from_proc, warnings=from_proc.warnings + notes)
+    try:
+        result = nvml.query(nvml_module, need_migs=need_migs)
+    except InputError as exc:
+        if from_proc is None:
+            exc.add_note(f"/proc under {driver_root} could not list the GPUs either")
+            raise
+        why = f"{exc}; MIG device UUIDs are unknown, only /proc capabilities were used"
+        return replace(from_proc, warnings=from_proc.warnings + notes + (why,))
+    inv = _with_nvml(proc, result)
+    if cache_dir is not None and key is not None and not result.warnings:
+        note = write_cache(cache_dir, key, inv)
+        notes += (note,) if note else ()
+    return replace(inv, warnings=inv.warnings + notes)
