@@ -125,12 +125,11 @@ def _proc_devices(spec: HostSpec) -> str:
         chars.append(f"{spec.imex_major} nvidia-caps-imex-channels")
     chars.sort(key=lambda line: int(line.split()[0]))
     blocks = ["7 loop", "8 sd", "9 md", "253 device-mapper", "254 mdp", "259 blkext"]
-    return (
-        "Character devices:\n"
-        + "".join(f"{c:>3}\n" for c in chars)
-        + "\nBlock devices:\n"
-        + "".join(f"{b:>3}\n" for b in blocks)
-    )
+    return "Character devices:\n" + _columns(chars) + "\nBlock devices:\n" + _columns(blocks)
+
+
+def _columns(lines: list[str]) -> str:
+    return "".join(f"{int(line.split()[0]):>3} {line.split(maxsplit=1)[1]}\n" for line in lines)
 
 
 def _information(gpu: GpuSpec) -> str:
