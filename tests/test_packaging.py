@@ -1,0 +1,323 @@
+"""Registration and packaging: hooks.d file, build-deb, launcher isolation, engine snippets, DaemonSet."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "packaging"
+HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
+HOOKS_STAGES = {"createContainer", "createRuntime", "prestart", "poststart", "poststop", "startContainer"}
+SHELL_SCRIPTS = ["build-deb", "debian/postinst", "debian/prerm", "debian/postrm"]
+needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed")
+
+
+def _hooks_json() -> dict:
+    return json.loads((REPO / "nvidia-hook.json").read_text())
+
+
+def test_hooks_file_is_a_valid_1_0_0_hook() -> None:
+    doc = _hooks_json()
+    assert doc["version"] == "1.0.0"
+    hook = doc["hook"]
+    assert hook["path"] == HOOK_PATH
+    assert hook["args"][0] == "hook" and hook["args"][1] in ("prestart", "createRuntime")
+    assert isinstance(hook["timeout"], int) and 1 <= hook["timeout"] <= 30
+    assert set(doc["stages"]) <= HOOKS_STAGES and "prestart" in doc["stages"]
+    assert doc["when"] == {"always": True}
+
+
+def test_hooks_file_env_is_explicit_and_minimal() -> None:
+    env = _hooks_json()["hook"]["env"]
+    assert [e.split("=", 1)[0] for e in env] == ["PATH"]
+    assert all(p.startswith("/") for p in env[0].split("=", 1)[1].split(":"))
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS)
+def test_shell_scripts_parse(script: str) -> None:
+    path = PKG / script
+    assert os.access(path, os.X_OK), f"{script} is not executable"
+    shell = "bash" if path.read_text().startswith("#!/usr/bin/env bash") else "sh"
+    subprocess.run([shell, "-n", str(path)], check=True)
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", str(path)], check=True)
+
+
+def test_build_deb_is_strict_bash() -> None:
+    text = (PKG / "build-deb").read_text()
+    assert "set -euo pipefail" in text
+
+
+def test_maintainer_scripts_never_probe_hardware() -> None:
+    for name in ("postinst", "prerm", "postrm"):
+        text = (PKG / "debian" / name).read_text()
+        assert "nvidia-smi" not in text and "modprobe" not in text
+        assert text.rstrip().endswith("exit 0"), name
+
+
+def _uncommented(text: str) -> str:
+    """The config with every commented-out setting (and its indented map lines) enabled."""
+    out = []
+    for line in text.splitlines():
+        if re.match(r"#[a-z_]+:", line) or re.match(r"#  [a-z]+: \[", line):
+            out.append(line[1:])
+    return "\n".join(out) + "\n"
+
+
+def test_default_config_has_every_key_commented_out() -> None:
+    text = (PKG / "config.yaml").read_text()
+    assert yaml.safe_load(text) is None
+    keys = {m.group(1) for m in re.finditer(r"^#([a-z_]+):", text, re.M)}
+    expected = {
+        "privileged_allocation", "cdi_annotation_prefixes", "volume_mount_root", "kubelet_checkpoint",
+        "corroborating_env", "accelerator_nodes", "cdi_kinds", "accept_envvar_when_unprivileged",
+        "mig_management", "cap_access", "log_file", "log_max_bytes", "cache_dir",
+    }  # fmt: skip
+    assert keys == expected
+
+
+def test_default_config_documents_the_real_defaults() -> None:
+    settings = pytest.importorskip("hook.settings")
+    enabled = yaml.safe_load(_uncommented((PKG / "config.yaml").read_text()))
+    assert settings.parse_settings(enabled, "config.yaml") == settings.Settings()
+    assert settings.parse_settings(None, "config.yaml") == settings.Settings()
+
+
+def _write_fake_hook(lib: Path, marker: str) -> None:
+    (lib / "hook").mkdir(parents=True)
+    (lib / "hook" / "__init__.py").write_text("")
+    (lib / "hook" / "entry.py").write_text(
+        "import json, sys\n"
+        "def main():\n"
+        f"    print(json.dumps({{'marker': {marker!r}, 'isolated': sys.flags.isolated,"
+        " 'argv': sys.argv[1:], 'path0': sys.path[0]}))\n"
+        "    return 7\n"
+    )
+
+
+def test_launcher_loads_its_own_lib_and_ignores_the_environment(tmp_path: Path) -> None:
+    python = Path("/usr/bin/python3") if Path("/usr/bin/python3").exists() else None
+    if python is None:
+        pytest.skip("the launcher's interpreter /usr/bin/python3 is missing")
+    prefix = tmp_path / "usr/libexec/oci-device-hook"
+    prefix.mkdir(parents=True)
+    shutil.copy2(PKG / "launcher", prefix / "hook")
+    _write_fake_hook(prefix / "lib", "ours")
+    _write_fake_hook(tmp_path / "evil", "evil")
+    _write_fake_hook(tmp_path / "cwd", "cwd")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "evil"), "PYTHONHOME": "/nonexistent"}
+    proc = subprocess.run([str(prefix / "hook"), "prestart"], env=env, cwd=tmp_path / "cwd",
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 7, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out == {"marker": "ours", "isolated": 1, "argv": ["prestart"], "path0": str(prefix / "lib")}
+
+
+def test_launcher_shebang_isolates_python() -> None:
+    first = (PKG / "launcher").read_text().splitlines()[0]
+    assert first.startswith("#!/usr/bin/python3 -") and "I" in first.split()[1]
+
+
+@pytest.fixture(scope="session")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb not installed")
+    out = tmp_path_factory.mktemp("deb")
+    proc = subprocess.run([str(PKG / "build-deb"), str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.is_file() and path.parent == out
+    return path
+
+
+def _dpkg(*args: str) -> str:
+    return subprocess.run(["dpkg-deb", *args], check=True, capture_output=True, text=True).stdout
+
+
+@needs_dpkg
+def test_deb_name_and_control(deb: Path) -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert re.fullmatch(rf"oci-device-hook_{re.escape(version)}_[a-z0-9]+\.deb", deb.name)
+    assert _dpkg("-f", str(deb), "Package").strip() == "oci-device-hook"
+    assert _dpkg("-f", str(deb), "Version").strip() == version
+    assert "python3 (>= 3.11)" in _dpkg("-f", str(deb), "Depends")
+
+
+@needs_dpkg
+def test_deb_contents(deb: Path) -> None:
+    names = {line.split()[-1].lstrip(".") for line in _dpkg("-c", str(deb)).splitlines()}
+    for path in (
+        HOOK_PATH,
+        "/usr/libexec/oci-device-hook/lib/hook/__init__.py",
+        "/usr/libexec/oci-device-hook/lib/yaml/__init__.py",
+        "/usr/libexec/oci-device-hook/lib/click/__init__.py",
+        "/usr/libexec/oci-device-hook/lib/pynvml.py",
+        "/usr/share/containers/oci/hooks.d/oci-device-hook.json",
+        "/etc/oci-device-hook/config.yaml",
+        "/etc/logrotate.d/oci-device-hook",
+        "/usr/share/doc/oci-device-hook/copyright",
+        "/usr/share/doc/oci-device-hook/engines/README.md",
+        "/usr/share/doc/oci-device-hook/kubernetes/daemonset.yaml",
+    ):
+        assert path in names, path
+    assert not any(n.startswith("/usr/libexec/oci-device-hook/lib/bin") for n in names)
+    assert not any("/tests/" in n for n in names)
+
+
+@needs_dpkg
+def test_deb_conffiles_and_scripts(deb: Path, tmp_path: Path) -> None:
+    _dpkg("-e", str(deb), str(tmp_path / "control"))
+    conffiles = (tmp_path / "control/conffiles").read_text().split()
+    assert conffiles == ["/etc/oci-device-hook/config.yaml", "/etc/logrotate.d/oci-device-hook"]
+    for name in ("postinst", "prerm", "postrm"):
+        assert os.access(tmp_path / "control" / name, os.X_OK)
+
+
+@needs_dpkg
+def test_deb_tree_runs_under_the_system_interpreter(deb: Path, tmp_path: Path) -> None:
+    _dpkg("-x", str(deb), str(tmp_path))
+    launcher = tmp_path / HOOK_PATH.lstrip("/")
+    assert os.access(launcher, os.X_OK)
+    assert (tmp_path / "usr/share/containers/oci/hooks.d/oci-device-hook.json").read_text() == (
+        REPO / "nvidia-hook.json"
+    ).read_text()
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    lib = launcher.parent / "lib"
+    code = (
+        "import sys; "
+        + f"sys.path.insert(0, {str(lib)!r}); import yaml, click, pynvml, hook; print(hook.__file__)"
+    )
+    proc = subprocess.run([python, "-ISB", "-c", code], capture_output=True, text=True, env={}, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().startswith(str(lib))
+    assert list(lib.rglob("*.pyc")), "the package ships byte-compiled modules"
+
+
+def test_engine_snippets_are_valid_toml_with_hooks_dirs() -> None:
+    eng = PKG / "engines"
+    crio = tomllib.loads((eng / "crio-hooks.conf").read_text())
+    podman = tomllib.loads((eng / "podman-containers.conf").read_text())
+    for dirs in (crio["crio"]["runtime"]["hooks_dir"], podman["engine"]["hooks_dir"]):
+        assert dirs == ["/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"]
+    nri = tomllib.loads((eng / "containerd-nri.toml").read_text())
+    assert nri["plugins"]["io.containerd.nri.v1.nri"]["disable"] is False
+    base = tomllib.loads((eng / "containerd-base-runtime-spec.toml").read_text())
+    runc = base["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"]
+    assert runc["base_runtime_spec"].startswith("/etc/containerd/")
+
+
+def test_containerd_prestart_hook_matches_the_hooks_file() -> None:
+    entry = json.loads((PKG / "engines/containerd-prestart-hook.json").read_text())
+    assert entry == _hooks_json()["hook"]
+
+
+def test_add_prestart_hook_appends_once() -> None:
+    script = PKG / "engines/add-prestart-hook.py"
+    spec = {"ociVersion": "1.1.0", "hooks": {"prestart": [{"path": "/bin/other"}]}}
+    once = subprocess.run([sys.executable, str(script)], input=json.dumps(spec), capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    twice = subprocess.run([sys.executable, str(script)], input=once, capture_output=True, text=True,
+                           check=True).stdout  # fmt: skip
+    hooks = json.loads(twice)["hooks"]["prestart"]
+    assert [h["path"] for h in hooks] == ["/bin/other", HOOK_PATH]
+    assert hooks[1] == _hooks_json()["hook"]
+
+
+def test_cdi_hook_spec_example() -> None:
+    doc = yaml.safe_load((PKG / "engines/cdi-hook-spec.yaml").read_text())
+    hooks = doc["devices"][0]["containerEdits"]["hooks"]
+    assert hooks[0]["path"] == HOOK_PATH and hooks[0]["hookName"] in ("prestart", "createRuntime")
+    assert hooks[0]["args"][0] == "hook" and hooks[0]["timeout"] > 0
+    try:
+        from hook.cdi.spec import parse_spec
+    except ImportError:
+        return
+    raw = (PKG / "engines/cdi-hook-spec.yaml").read_bytes()
+    parse_spec(raw, "cdi-hook-spec.yaml", 0)
+
+
+def _k8s_docs() -> dict[str, dict]:
+    docs = {}
+    for path in sorted((PKG / "kubernetes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert doc["apiVersion"] and doc["metadata"]["name"], path
+            docs[doc["kind"]] = doc
+    return docs
+
+
+def test_daemonset_is_schedulable_on_gpu_nodes() -> None:
+    docs = _k8s_docs()
+    ds = docs["DaemonSet"]
+    assert ds["apiVersion"] == "apps/v1"
+    assert ds["metadata"]["namespace"] == docs["Namespace"]["metadata"]["name"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert any(t.get("operator") == "Exists" for t in pod["tolerations"])
+    for c in pod["containers"]:
+        assert c["image"] and c["command"] and c["securityContext"]["privileged"] is True
+        assert c["lifecycle"]["preStop"]["exec"]["command"]
+
+
+def test_daemonset_volumes_are_typed_and_mounted() -> None:
+    docs = _k8s_docs()
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in volumes.values() if "hostPath" in v}
+    assert host["/usr/libexec/oci-device-hook"] == "DirectoryOrCreate"
+    assert host["/usr/share/containers/oci/hooks.d"] == "DirectoryOrCreate"
+    assert host["/etc/oci-device-hook"] == "DirectoryOrCreate"
+    mounted = {m["name"] for c in pod["containers"] for m in c["volumeMounts"]}
+    assert mounted == set(volumes)
+    cm = volumes["scripts"]["configMap"]["name"]
+    assert cm == docs["ConfigMap"]["metadata"]["name"]
+    assert {"install.sh", "uninstall.sh"} <= set(docs["ConfigMap"]["data"])
+
+
+def _k8s_script(name: str, tmp_path: Path) -> Path:
+    path = tmp_path / name
+    path.write_text(_k8s_docs()["ConfigMap"]["data"][name])
+    subprocess.run(["sh", "-n", str(path)], check=True)
+    return path
+
+
+def _payload(tmp_path: Path) -> Path:
+    src = tmp_path / "payload"
+    (src / "usr/libexec/oci-device-hook/lib/hook").mkdir(parents=True)
+    shutil.copy2(PKG / "launcher", src / "usr/libexec/oci-device-hook/hook")
+    (src / "etc/oci-device-hook").mkdir(parents=True)
+    shutil.copy2(PKG / "config.yaml", src / "etc/oci-device-hook/config.yaml")
+    (src / "usr/share/containers/oci/hooks.d").mkdir(parents=True)
+    shutil.copy2(REPO / "nvidia-hook.json", src / "usr/share/containers/oci/hooks.d/oci-device-hook.json")
+    return src
+
+
+def test_daemonset_installer_does_not_register_a_hook_the_node_cannot_run(tmp_path: Path) -> None:
+    host = {k: tmp_path / k for k in ("libexec", "hooksd", "etc")}
+    for d in host.values():
+        d.mkdir()
+    (host["hooksd"] / "oci-device-hook.json").write_text("{}")  # a stale registration
+    env = {"PATH": os.environ["PATH"], "SRC": str(_payload(tmp_path)), "HOST_LIBEXEC": str(host["libexec"]),
+           "HOST_HOOKS_D": str(host["hooksd"]), "HOST_ETC": str(host["etc"]),
+           "HOST_ROOT": str(tmp_path / "no-such-root")}  # fmt: skip
+    proc = subprocess.run(["sh", str(_k8s_script("install.sh", tmp_path))], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    assert "not registering" in proc.stderr
+    assert not (host["hooksd"] / "oci-device-hook.json").exists()
+    assert (host["libexec"] / "hook").exists()
+    subprocess.run(
+        ["sh", str(_k8s_script("uninstall.sh", tmp_path))], env=env, check=True, capture_output=True
+    )
+    assert sorted(p.name for p in host["libexec"].iterdir()) == []
