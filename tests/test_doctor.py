@@ -1,0 +1,181 @@
+"""hook doctor: each check on a fake host, the text checklist, the JSON list and the exit status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hook import doctor
+from tests.hosttree import make_host_tree
+
+REPO = Path(__file__).resolve().parents[1]
+V1_HYBRID = (
+    "sysfs /sys sysfs rw 0 0\n"
+    "tmpfs /sys/fs/cgroup tmpfs ro,nosuid 0 0\n"
+    "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
+    "cgroup /sys/fs/cgroup/devices cgroup rw,nosuid,devices 0 0\n"
+)
+V2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n"
+SPEC = """cdiVersion: "0.6.0"
+kind: nvidia.com/gpu
+devices:
+  - name: "0"
+    containerEdits:
+      deviceNodes:
+        - path: /dev/nvidia0
+"""
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> dict[str, Path]:
+    """A healthy host: driver tree, one CDI spec, the hooks.d file pointing at an executable."""
+    root = tmp_path / "root"
+    make_host_tree(root, "8x-mig", mknod=False)
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    (specs / "nvidia.yaml").write_text(SPEC)
+    exe = tmp_path / "hook-exe"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir()
+    doc = json.loads((REPO / "nvidia-hook.json").read_text())
+    doc["hook"]["path"] = str(exe)
+    (hooks / doctor.HOOKS_FILE).write_text(json.dumps(doc))
+    mounts = tmp_path / "mounts"
+    mounts.write_text(V1_HYBRID)
+    settings = tmp_path / "config.yaml"
+    shutil.copy(REPO / "packaging/config.yaml", settings)
+    return {"root": root, "specs": specs, "hooks": hooks, "exe": exe, "mounts": mounts, "settings": settings}
+
+
+def _run(h: dict[str, Path], fmt: str = "json") -> tuple[list[dict], int]:
+    out, code = doctor.run_doctor(
+        h["root"], [h["specs"]], [h["hooks"]], h["settings"], fmt, mounts_file=h["mounts"]
+    )
+    return (json.loads(out) if fmt == "json" else out), code
+
+
+def _by_name(checks: list[dict]) -> dict[str, dict]:
+    return {c["name"]: c for c in checks}
+
+
+def test_healthy_host_passes_every_check(host: dict[str, Path]) -> None:
+    checks, code = _run(host)
+    assert code == 0, checks
+    assert [c["name"] for c in checks] == ["driver", "cdi", "cgroup", "hooks.d", "settings"]
+    assert all(set(c) >= {"name", "ok", "detail"} for c in checks)
+    by = _by_name(checks)
+    assert "nvidia 195" in by["driver"]["detail"] and "nvidia-caps 237" in by["driver"]["detail"]
+    assert "8 GPU node(s)" in by["driver"]["detail"]
+    assert by["cgroup"]["detail"].startswith("v1 hybrid")
+
+
+def test_text_checklist_marks_and_hints(host: dict[str, Path]) -> None:
+    (host["root"] / "proc/devices").write_text("Character devices:\n  1 mem\n195 nvidia\n")
+    text, code = _run(host, "text")
+    assert code == 1
+    assert "✓ cgroup: v1 hybrid" in text
+    assert "✗ driver: " in text and "no major for nvidia-uvm, nvidia-caps" in text
+    assert "    fix: load the NVIDIA kernel modules" in text
+    assert text.splitlines()[-1] == "4 of 5 checks passed"
+
+
+def test_driver_missing(host: dict[str, Path], tmp_path: Path) -> None:
+    check = doctor.check_driver(tmp_path / "empty")
+    assert not check.ok and "proc/devices" in check.detail and check.fix
+    (host["root"] / "dev/nvidiactl").unlink()
+    assert not doctor.check_driver(host["root"]).ok
+
+
+def test_block_devices_do_not_count_as_driver_majors(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/devices").write_text(
+        "Character devices:\n  1 mem\n\nBlock devices:\n195 nvidia\n237 nvidia-caps\n511 nvidia-uvm\n"
+    )
+    assert not doctor.check_driver(tmp_path).ok
+
+
+def test_broken_cdi_spec_fails(host: dict[str, Path]) -> None:
+    pytest.importorskip("hook.cdi.registry")
+    (host["specs"] / "broken.yaml").write_text('cdiVersion: "0.6.0"\nkind: bad\ndevices: []\n')
+    check = doctor.check_cdi([host["specs"]])
+    assert not check.ok and "broken.yaml" in check.detail
+
+
+def test_no_cdi_dirs_is_fine(tmp_path: Path) -> None:
+    assert doctor.check_cdi([tmp_path / "none"]).ok
+
+
+def test_cgroup_versions(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(V2)
+    check = doctor.check_cgroup(mounts)
+    assert check.detail.startswith("v2")
+    mounts.write_text("sysfs /sys sysfs rw 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n")
+    assert not doctor.check_cgroup(mounts).ok
+    assert not doctor.check_cgroup(tmp_path / "missing").ok
+
+
+def test_hooks_file_missing(host: dict[str, Path], tmp_path: Path) -> None:
+    empty = tmp_path / "empty-hooks"
+    empty.mkdir()
+    check = doctor.check_hooks([empty, tmp_path / "absent"])
+    assert not check.ok and "oci-device-hook.json" in check.fix
+
+
+def test_hooks_file_pointing_at_missing_binary(host: dict[str, Path]) -> None:
+    host["exe"].unlink()
+    check = doctor.check_hooks([host["hooks"]])
+    assert not check.ok and "not an executable" in check.detail
+
+
+def test_hooks_file_with_wrong_stage_or_no_when(host: dict[str, Path]) -> None:
+    path = host["hooks"] / doctor.HOOKS_FILE
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "stages": ["poststop"]}))
+    assert not doctor.check_hooks([host["hooks"]]).ok
+    path.write_text(json.dumps({**doc, "when": {}}))
+    assert not doctor.check_hooks([host["hooks"]]).ok
+    path.write_text("{not json")
+    assert not doctor.check_hooks([host["hooks"]]).ok
+
+
+def test_later_hooks_dir_overrides_earlier(host: dict[str, Path], tmp_path: Path) -> None:
+    override = tmp_path / "etc-hooks.d"
+    override.mkdir()
+    (override / doctor.HOOKS_FILE).write_text('{"version": "0.1.0"}')
+    assert not doctor.check_hooks([host["hooks"], override]).ok
+    assert doctor.check_hooks([override, host["hooks"]]).ok
+
+
+def test_hooks_file_under_another_name_is_found(host: dict[str, Path]) -> None:
+    (host["hooks"] / doctor.HOOKS_FILE).rename(host["hooks"] / "50-gpu.json")
+    doc = json.loads((host["hooks"] / "50-gpu.json").read_text())
+    assert not doctor.check_hooks([host["hooks"]]).ok  # it points at a test binary, not HOOK_PATH
+    doc["hook"]["path"] = doctor.HOOK_PATH
+    (host["hooks"] / "50-gpu.json").write_text(json.dumps(doc))
+    check = doctor.check_hooks([host["hooks"]])
+    assert "50-gpu.json" in check.detail
+
+
+def test_settings(host: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("hook.settings")
+    assert doctor.check_settings(host["settings"]).ok
+    assert doctor.check_settings(tmp_path / "absent.yaml").ok
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("privileged_allocation: maybe\n")
+    check = doctor.check_settings(bad)
+    assert not check.ok and "privileged_allocation" in check.detail
+
+
+def test_failed_check_gives_exit_1_and_json_list(host: dict[str, Path]) -> None:
+    host["settings"].write_text("no_such_key: 1\n")
+    checks, code = _run(host)
+    assert code == 1
+    assert isinstance(checks, list)
+    failed = [c["name"] for c in checks if not c["ok"]]
+    assert failed == ["settings"]
