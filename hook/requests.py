@@ -55,7 +55,12 @@ class DeviceRequest:
     node: LinuxDevice | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"source": self.source, "value": self.value, "kind": str(self.kind), "from_plugin": self.from_plugin}
+        return {
+            "source": self.source,
+            "value": self.value,
+            "kind": str(self.kind),
+            "from_plugin": self.from_plugin,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,7 +78,11 @@ class Requests:
 def is_privileged(rules: Sequence[Rule]) -> bool:
     """The engine's privileged mode: an allow-all rule (containerd ``WithAllDevicesAllowed``, CRI-O)."""
     return any(
-        r.allow and r.type is DeviceType.ALL and r.major is None and r.minor is None and Access.R | Access.W in r.access
+        r.allow
+        and r.type is DeviceType.ALL
+        and r.major is None
+        and r.minor is None
+        and Access.R | Access.W in r.access
         for r in rules
     )
 
@@ -110,10 +119,18 @@ def _from_checkpoint(allocs: Sequence[Allocation], config: OciConfig) -> list[De
             out += [_id_request(t, src, True) for t in env_ids]
         for cpath, hpath in a.device_paths:
             out.append(
-                DeviceRequest(source=src, value=hpath or cpath, kind=Kind.NODE, from_plugin=True, node=by_path.get(cpath))
+                DeviceRequest(
+                    source=src,
+                    value=hpath or cpath,
+                    kind=Kind.NODE,
+                    from_plugin=True,
+                    node=by_path.get(cpath),
+                )
             )
         if not (a.cdi_devices or env_ids or a.device_paths) and a.resource.startswith("nvidia.com/"):
-            ids = dict.fromkeys(d.split("::")[0] for d in a.device_ids)  # time-slicing replicas: "<uuid>::<n>"
+            ids = dict.fromkeys(
+                d.split("::")[0] for d in a.device_ids
+            )  # time-slicing replicas: "<uuid>::<n>"
             out += [_id_request(d, src, True) for d in ids]
     return out
 
@@ -126,7 +143,9 @@ def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -
         for name in annotations[key].split(","):
             name = name.strip()
             if not name or "=" not in name or "/" not in name.split("=", 1)[0]:
-                raise InputError("annotations", key, f"{name!r} is not a qualified CDI name vendor/class=name")
+                raise InputError(
+                    "annotations", key, f"{name!r} is not a qualified CDI name vendor/class=name"
+                )
             out.append(DeviceRequest(source=f"annotation:{key}", value=name, kind=Kind.CDI, from_plugin=True))
     return out
 
@@ -135,7 +154,11 @@ def _from_mounts(config: OciConfig, root: str) -> list[DeviceRequest]:
     out, seen = [], set()
     for m in config.mounts:
         dest = posixpath.normpath(m.destination)
-        if posixpath.normpath(m.source or "/") != "/dev/null" or not dest.startswith(root + "/") or dest in seen:
+        if (
+            posixpath.normpath(m.source or "/") != "/dev/null"
+            or not dest.startswith(root + "/")
+            or dest in seen
+        ):
             continue
         seen.add(dest)
         ident = dest[len(root) :].strip("/")
@@ -172,7 +195,9 @@ def _corroborated(config: OciConfig, settings: Settings, have_checkpoint: bool) 
     return ""
 
 
-def _from_env(config: OciConfig, settings: Settings, privileged: bool, corroboration: str) -> list[DeviceRequest]:
+def _from_env(
+    config: OciConfig, settings: Settings, privileged: bool, corroboration: str
+) -> list[DeviceRequest]:
     value = config.env.get(VISIBLE_ENV)
     tokens = split_ids(value or "")
     if value is None or not tokens or "void" in tokens or value == settings.volume_mount_root:
@@ -219,10 +244,14 @@ def collect(
     corroboration = _corroborated(config, settings, bool(allocs))
     env = _from_env(config, settings, privileged, corroboration)
     if env and (granting or checkpoint):
-        warnings.append(f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {(checkpoint or granting)[0].source}")
+        warnings.append(
+            f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {(checkpoint or granting)[0].source}"
+        )
         env = []
     elif env and not privileged and not corroboration and not settings.accept_envvar_when_unprivileged:
-        warnings.append(f"{VISIBLE_ENV} ignored in an unprivileged container (accept_envvar_when_unprivileged: false)")
+        warnings.append(
+            f"{VISIBLE_ENV} ignored in an unprivileged container (accept_envvar_when_unprivileged: false)"
+        )
         env = []
     nodes = [] if is_privileged(config.resource_rules) else _from_nodes(config, settings.accelerator_nodes)
     items = _dedupe([*checkpoint, *granting, *imex, *env, *nodes, *_mig_management(config)])

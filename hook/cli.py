@@ -1,0 +1,217 @@
+"""The command line for people and programs: simulation (``--bundle``) and the tools.
+
+Rule: this is the only place (with ``hook.entry``/``hook.live``) that prints or picks an exit
+code; everything below raises ``HookError``. Simulation shares ``gather``/``decide`` with live
+mode and differs only in the adapter: it prints the Plan instead of applying it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hook.errors import HookError
+
+__all__ = ["run", "cli"]
+
+PathArg = click.Path(path_type=Path)
+
+
+def _common(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options common to every mode (interface.md); a subcommand's value overrides the group's."""
+    f = click.option("--config", "config_file", type=PathArg, help="settings file (YAML)")(f)
+    f = click.option("--driver-root", type=PathArg, help="where driver files and host nodes are read")(f)
+    f = click.option(
+        "--cdi-spec-dir", "spec_dirs", type=PathArg, multiple=True, help="CDI spec dir, lowest first"
+    )(f)
+    f = click.option("--inventory", "inventory_file", type=PathArg, help="saved `hook inventory` JSON")(f)
+    return click.option("--format", "fmt", type=click.Choice(["text", "json"]), help="output format")(f)
+
+
+def _merged(ctx: click.Context, **kw: Any) -> dict[str, Any]:
+    base = dict(ctx.obj or {})
+    for key, value in kw.items():
+        if value not in (None, ()):
+            base[key] = value
+    return base
+
+
+def _options(o: dict[str, Any], *, use_cache: bool) -> Any:
+    from hook.gather import DEFAULT_SPEC_DIRS, Options
+
+    return Options(
+        driver_root=o.get("driver_root") or Path("/"),
+        spec_dirs=tuple(o.get("spec_dirs") or DEFAULT_SPEC_DIRS),
+        inventory_file=o.get("inventory_file"),
+        settings_file=o.get("config_file"),
+        use_cache=use_cache,
+    )
+
+
+def _finish(text: str, code: int) -> None:
+    if text:
+        click.echo(text, nl=not text.endswith("\n"))
+    raise click.exceptions.Exit(code)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@_common
+@click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), help="simulate for this bundle")
+@click.option("--state", "state_file", type=PathArg, help="OCI state file (default: made from the bundle)")
+@click.option("--output-config", type=PathArg, help="write the config.json with the decision folded in")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    bundle: Path | None,
+    state_file: Path | None,
+    output_config: Path | None,
+    **common: Any,
+) -> None:
+    """oci-device-hook: keep GPU device access honest (see README)."""
+    ctx.obj = {k: v for k, v in common.items() if v not in (None, ())}
+    if ctx.invoked_subcommand is not None:
+        return
+    if bundle is None:
+        raise click.UsageError("simulation needs --bundle DIR (live mode reads the OCI state on stdin)")
+    _simulate(ctx.obj, bundle, state_file, output_config)
+
+
+def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_config: Path | None) -> None:
+    from dataclasses import replace
+
+    from hook.decide import decide
+    from hook.gather import load_inputs, read_state_file, state_from_bundle
+    from hook.report import build_report, render_json, render_text
+
+    state = read_state_file(state_file) if state_file else state_from_bundle(bundle)
+    state = replace(state, bundle=str(bundle))
+    inputs = load_inputs(state, _options(o, use_cache=False))
+    plan = decide(inputs)
+    report = build_report(inputs, plan)
+    if output_config is not None:
+        _write_config(inputs, plan, o, output_config)
+    text = render_json(report) if o.get("fmt") == "json" else render_text(report)
+    _finish(text, 3 if report["verdict"] == "deny" else 0)
+
+
+def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
+    from hook.requests import Kind
+    from hook.specwriter import fold_plan
+
+    config = dict(inputs.config.raw)
+    names = [r.value for r in inputs.requests.items if r.kind is Kind.CDI]
+    if names:
+        from hook.cdi.edits import apply_to_config
+        from hook.cdi.hostnodes import fill
+        from hook.cdi.registry import Registry
+
+        registry = Registry.load(list(_options(o, use_cache=False).spec_dirs), None)
+        config = apply_to_config(config, fill(registry.resolve(names), o.get("driver_root") or Path("/")))
+    try:
+        out.write_text(json.dumps(fold_plan(config, plan), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise HookError(str(out), "", exc.strerror or str(exc)) from None
+
+
+@cli.command()
+@_common
+@click.pass_context
+def inventory(ctx: click.Context, **kw: Any) -> None:
+    """Print the host's NVIDIA inventory (NVML + /proc) as JSON."""
+    from hook.nvidia.commands import cmd_inventory
+
+    o = _merged(ctx, **kw)
+    _finish(
+        *cmd_inventory(
+            o.get("driver_root") or Path("/"), o.get("inventory_file"), None, o.get("fmt") or "json"
+        )
+    )
+
+
+@cli.group()
+def cdi() -> None:
+    """CDI specs: list, validate, resolve."""
+
+
+@cdi.command("list")
+@_common
+@click.pass_context
+def cdi_list(ctx: click.Context, **kw: Any) -> None:
+    """List every CDI device the spec dirs define, and every broken spec file."""
+    from hook.cdi.commands import cmd_list
+
+    o = _merged(ctx.find_root(), **kw)
+    _finish(*cmd_list(list(_options(o, use_cache=False).spec_dirs), o.get("fmt") or "text"))
+
+
+@cdi.command("validate")
+@_common
+@click.argument("files", nargs=-1, required=True, type=PathArg)
+@click.pass_context
+def cdi_validate(ctx: click.Context, files: tuple[Path, ...], **kw: Any) -> None:
+    """Validate spec files; exit 1 and one line per problem when any is invalid."""
+    from hook.cdi.commands import cmd_validate
+
+    o = _merged(ctx.find_root(), **kw)
+    _finish(*cmd_validate(list(files), o.get("fmt") or "text"))
+
+
+@cdi.command("resolve")
+@_common
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def cdi_resolve(ctx: click.Context, names: tuple[str, ...], **kw: Any) -> None:
+    """Print the merged container edits for qualified device names."""
+    from hook.cdi.commands import cmd_resolve
+
+    o = _merged(ctx.find_root(), **kw)
+    opts = _options(o, use_cache=False)
+    _finish(*cmd_resolve(list(names), list(opts.spec_dirs), opts.driver_root, o.get("fmt") or "text"))
+
+
+@cli.command()
+@_common
+@click.option("--hooks-dir", "hooks_dirs", type=PathArg, multiple=True, help="hooks.d directory to check")
+@click.pass_context
+def doctor(ctx: click.Context, hooks_dirs: tuple[Path, ...], **kw: Any) -> None:
+    """Check this node's readiness: driver, CDI specs, cgroups, hooks.d, settings."""
+    from hook.doctor import run_doctor
+    from hook.settings import DEFAULT_PATH
+
+    o = _merged(ctx, **kw)
+    opts = _options(o, use_cache=False)
+    dirs = list(hooks_dirs) or [
+        Path("/usr/share/containers/oci/hooks.d"),
+        Path("/etc/containers/oci/hooks.d"),
+    ]
+    _finish(
+        *run_doctor(
+            opts.driver_root,
+            list(opts.spec_dirs),
+            dirs,
+            o.get("config_file") or DEFAULT_PATH,
+            o.get("fmt") or "text",
+        )
+    )
+
+
+def run(argv: list[str]) -> int:
+    """Run the CLI and translate every outcome to the contract's exit codes."""
+    try:
+        cli.main(args=argv, prog_name="hook", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return 2 if isinstance(exc, click.UsageError) else 1
+    except click.exceptions.Abort:
+        return 1
+    except HookError as exc:
+        sys.stderr.write(f"hook: {exc}\n")
+        return exc.exit_code

@@ -1,0 +1,226 @@
+"""The decision: one pure function from resolved inputs to one Plan.
+
+Rule: nothing here reads a file or a clock. ``gather`` resolves every request to the nodes it
+needs (``Grant``) and lists the host's accelerator nodes; ``decide`` only compares sets:
+what the container asked for, what it may have, and what the engine already gave it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hook.oci import OciConfig
+from hook.plan import Node, Plan, Verdict
+from hook.requests import DeviceRequest, Kind, Requests, has_sys_admin, is_accelerator, is_privileged
+from hook.rules import Access, DeviceType, Rule, evaluate
+from hook.settings import MigManagement, Policy, Settings
+
+__all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
+
+MGMT_ENV = {Kind.MIG_CONFIG: "NVIDIA_MIG_CONFIG_DEVICES", Kind.MIG_MONITOR: "NVIDIA_MIG_MONITOR_DEVICES"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    """A node a request needs, with the access it needs on it."""
+
+    node: Node
+    access: Access
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.node.type, self.node.major, self.node.minor)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inputs:
+    container_id: str
+    config: OciConfig
+    settings: Settings
+    requests: Requests
+    grants: Mapping[DeviceRequest, tuple[Grant, ...]]
+    host_accelerators: tuple[Node, ...] = ()
+    specific_mig: bool = False
+    warnings: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Facts:
+    privileged: bool
+    sys_admin: bool
+    widened: bool
+    extra_accelerators: tuple[Node, ...]  # accelerator nodes in linux.devices that no request accounts for
+
+
+def _key(node: Node) -> tuple[str, int, int]:
+    return (node.type, node.major, node.minor)
+
+
+def _config_nodes(config: OciConfig) -> tuple[Node, ...]:
+    return tuple(
+        Node(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.file_mode or 0o666)
+        for d in config.devices
+        if d.type in ("c", "b")
+    )
+
+
+def container_facts(inputs: Inputs) -> Facts:
+    config = inputs.config
+    privileged = is_privileged(config.resource_rules)
+    requested = {g.key for gs in inputs.grants.values() for g in gs}
+    extra = tuple(
+        n
+        for n in _config_nodes(config)
+        if is_accelerator(n.path, inputs.settings.accelerator_nodes) and _key(n) not in requested
+    )
+    return Facts(
+        privileged=privileged,
+        sys_admin=has_sys_admin(config),
+        widened=privileged or bool(extra),
+        extra_accelerators=extra,
+    )
+
+
+def _mgmt_refusal(inputs: Inputs, facts: Facts) -> str:
+    """Why MIG management caps cannot be granted, or "" when they can (seed 001's rules)."""
+    asked = [MGMT_ENV[r.kind] for r in inputs.requests.items if r.kind in MGMT_ENV]
+    if not asked:
+        return ""
+    names = " and ".join(dict.fromkeys(asked))
+    mode = inputs.settings.mig_management
+    if mode is MigManagement.NEVER:
+        return (
+            f"{names}=all refused: this node's settings disable MIG management caps (mig_management: never)"
+        )
+    if mode is MigManagement.PRIVILEGED and not facts.privileged:
+        return f"{names}=all refused: this node grants MIG management caps to privileged containers only"
+    if mode is MigManagement.REQUIRE_SYS_ADMIN and not facts.sys_admin:
+        return (
+            f"{names}=all needs CAP_SYS_ADMIN in the container's bounding set: add SYS_ADMIN to "
+            f"securityContext.capabilities.add, or unset {names}"
+        )
+    if inputs.specific_mig:
+        return (
+            f"{names}=all refused: specific MIG devices are selected, and management caps would "
+            "expose their sibling instances; select NVIDIA_VISIBLE_DEVICES=all or drop the MIG env"
+        )
+    return ""
+
+
+def _grants(inputs: Inputs, pred: Iterable[DeviceRequest]) -> dict[tuple[str, int, int], Grant]:
+    out: dict[tuple[str, int, int], Grant] = {}
+    for req in pred:
+        for g in inputs.grants.get(req, ()):
+            prev = out.get(g.key)
+            out[g.key] = g if prev is None else Grant(node=prev.node, access=prev.access | g.access)
+    return out
+
+
+def _rule(node: Node, allow: bool, access: Access = Access.RWM) -> Rule:
+    return Rule(allow=allow, type=DeviceType(node.type), major=node.major, minor=node.minor, access=access)
+
+
+def _additions(
+    config: OciConfig, wanted: Mapping[tuple[str, int, int], Grant]
+) -> tuple[list[Rule], list[Node]]:
+    """Allow rules and nodes a container lacks for what it may have; nothing it already has."""
+    present = {d.path for d in config.devices}
+    rules, create = [], []
+    for key in sorted(wanted, key=lambda k: (k[1], k[2], k[0])):
+        g = wanted[key]
+        if not evaluate(config.resource_rules, DeviceType(g.node.type), g.node.major, g.node.minor, g.access):
+            rules.append(_rule(g.node, True, g.access))
+        if g.node.path not in present:
+            create.append(g.node)
+    return rules, create
+
+
+def _narrowing(inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant]) -> tuple[list[Rule], list[str]]:
+    """Deny every accelerator node outside the allocation; one exact rule each (v1 cannot re-allow
+    inside a denied wildcard), and remove the ones the engine put in the container."""
+    patterns = inputs.settings.accelerator_nodes
+    candidates = [*inputs.host_accelerators, *_config_nodes(inputs.config)]
+    deny: dict[tuple[str, int, int], Node] = {}
+    for n in candidates:
+        if is_accelerator(n.path, patterns) and _key(n) not in allowed:
+            deny.setdefault(_key(n), n)
+    rules = [_rule(deny[k], False) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
+    remove = sorted(
+        {
+            d.path
+            for d in inputs.config.devices
+            if is_accelerator(d.path, patterns) and (d.type, d.major, d.minor) in deny
+        }
+    )
+    return rules, remove
+
+
+def _allocation_names(requests: Requests) -> str:
+    vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin]
+    return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
+
+
+def _plan(verdict: Verdict, reason: str, warnings: Sequence[str], **kw: object) -> Plan:
+    return Plan(verdict=verdict, reason=reason, warnings=tuple(dict.fromkeys(warnings)), **kw)  # type: ignore[arg-type]
+
+
+def decide(inputs: Inputs) -> Plan:
+    """The whole policy: management caps, then privileged widening, then plain grants."""
+    facts = container_facts(inputs)
+    warnings = [*inputs.config.warnings, *inputs.requests.warnings, *inputs.warnings]
+    refusal = _mgmt_refusal(inputs, facts)
+    if refusal:
+        return _plan(Verdict.DENY, refusal, warnings)
+    reqs = inputs.requests
+    plugin_widened = reqs.from_plugin and facts.widened
+    if facts.privileged and not reqs.from_plugin:
+        return _plan(
+            Verdict.NONE,
+            "privileged container without a plugin allocation: all devices on purpose, left alone",
+            warnings,
+        )
+    if plugin_widened and inputs.settings.privileged_allocation is Policy.REJECT:
+        return _plan(
+            Verdict.DENY,
+            f"container is widened beyond its plugin allocation {_allocation_names(reqs)} (policy: reject)",
+            warnings,
+        )
+    keep = [r for r in reqs.items if r.from_plugin or r.kind in MGMT_ENV or not plugin_widened]
+    wanted = _grants(inputs, keep)
+    rules, create = _additions(inputs.config, wanted)
+    remove: list[str] = []
+    if plugin_widened:
+        deny_rules, remove = _narrowing(inputs, wanted)
+        if inputs.settings.privileged_allocation is Policy.AUDIT:
+            warnings.append(
+                f"audit: would deny {len(deny_rules)} accelerator node(s) outside {_allocation_names(reqs)}"
+            )
+        else:
+            rules += deny_rules
+    if not (rules or create or remove):
+        why = (
+            "no device requested" if not reqs.items else "the container already has exactly what it asked for"
+        )
+        return _plan(Verdict.NONE, why, warnings)
+    reason = _reason(facts, plugin_widened, reqs, rules, create, remove)
+    return _plan(
+        Verdict.APPLY, reason, warnings, rules=tuple(rules), create=tuple(create), remove=tuple(remove)
+    )
+
+
+def _reason(
+    facts: Facts, narrowed: bool, reqs: Requests, rules: list[Rule], create: list[Node], remove: list[str]
+) -> str:
+    denied = sum(not r.allow for r in rules)
+    allowed = len(rules) - denied
+    parts = []
+    if narrowed:
+        shape = "privileged" if facts.privileged else "widened"
+        parts.append(
+            f"narrowed a {shape} container to its plugin allocation {_allocation_names(reqs)}: "
+            f"denied {denied} accelerator node(s), removed {len(remove)}"
+        )
+    if allowed or create:
+        parts.append(f"allowed {allowed} and created {len(create)} node(s) it requested")
+    return "; ".join(parts)

@@ -1,0 +1,286 @@
+"""The shell around ``decide``: read every file a decision needs, resolve requests to nodes.
+
+Rule: all I/O for a decision happens here, once, and only what the container's requests need:
+no CDI registry for a container that names no CDI device, no inventory for one that needs no
+NVIDIA node, and NVML only when /proc, the cache and the snapshot cannot answer.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hook import checkpoint as ckpt
+from hook.decide import Grant, Inputs
+from hook.errors import InputError
+from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
+from hook.plan import Node
+from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator, is_privileged
+from hook.rules import Access
+from hook.settings import DEFAULT_PATH, Settings, load_settings
+
+if TYPE_CHECKING:
+    from hook.cdi.registry import Registry
+    from hook.nvidia.model import Inventory
+
+__all__ = ["Options", "read_limited", "read_state_file", "state_from_bundle", "load_inputs"]
+
+DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    driver_root: Path = Path("/")
+    spec_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
+    inventory_file: Path | None = None
+    settings_file: Path | None = None
+    use_cache: bool = True  # simulation never writes caches
+    settings: Settings | None = field(default=None, compare=False)
+
+
+def read_limited(path: Path, limit: int, what: str) -> bytes:
+    """Read a whole file, refusing one over ``limit`` before reading it all."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise InputError(str(path), "", f"no such file ({what})") from None
+    except OSError as exc:
+        raise InputError(str(path), "", exc.strerror or str(exc)) from None
+    if len(data) > limit:
+        raise InputError(str(path), "", f"larger than {limit} bytes")
+    return data
+
+
+def read_state_file(path: Path) -> OciState:
+    return parse_state(read_limited(path, MAX_STATE_BYTES, "state"), str(path))
+
+
+def state_from_bundle(bundle: Path) -> OciState:
+    """Simulation's default state: what a runtime would pass for this bundle, without a process."""
+    return OciState(
+        oci_version="", id=bundle.name, status="creating", pid=None, bundle=str(bundle), annotations={}
+    )
+
+
+def _settings(opts: Options) -> Settings:
+    if opts.settings is not None:
+        return opts.settings
+    if opts.settings_file is not None:
+        return load_settings(opts.settings_file, required=True)
+    return load_settings(DEFAULT_PATH)
+
+
+def _allocations(
+    annotations: dict[str, str], settings: Settings, warnings: list[str]
+) -> tuple[ckpt.Allocation, ...]:
+    ident = ckpt.pod_identity(annotations)
+    if ident is None:
+        return ()
+    path = Path(settings.kubelet_checkpoint)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ()
+    except OSError as exc:
+        warnings.append(f"{path}: unreadable ({exc.strerror}); using the other evidence")
+        return ()
+    try:
+        return ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), *ident)
+    except InputError as exc:
+        warnings.append(f"{exc}; using the other evidence")
+        return ()
+
+
+class _Resolver:
+    """Lazily loads the CDI registry and the NVIDIA inventory, each at most once."""
+
+    def __init__(self, opts: Options, settings: Settings, config: OciConfig, requests: Requests) -> None:
+        self.opts, self.settings, self.config, self.requests = opts, settings, config, requests
+        self._registry: Registry | None = None
+        self._inventory: Inventory | None = None
+        self.specific_mig = False
+
+    def registry(self) -> Registry:
+        if self._registry is None:
+            from hook.cdi.registry import Registry
+
+            cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
+            self._registry = Registry.load(list(self.opts.spec_dirs), cache)
+        return self._registry
+
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            from hook.nvidia.inventory import load
+
+            cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
+            need_migs = any(r.kind is Kind.NVIDIA for r in self.requests.items)
+            self._inventory = load(self.opts.driver_root, self.opts.inventory_file, cache, need_migs)
+        return self._inventory
+
+    def access_for(self, node: Node, default: Access) -> Access:
+        if node.path.startswith("/dev/nvidia-caps/"):
+            return Access.parse(self.settings.cap_access)
+        return default
+
+    def grants(self, nodes: tuple[Node, ...], default: Access = Access.R | Access.W) -> tuple[Grant, ...]:
+        return tuple(Grant(node=n, access=self.access_for(n, default)) for n in nodes)
+
+    def control(self) -> tuple[Grant, ...]:
+        from hook.nvidia.nodes import control_nodes, parse_driver_capabilities
+
+        caps = parse_driver_capabilities(self.requests.driver_capabilities or None)
+        return self.grants(control_nodes(self.inventory(), caps))
+
+    def cdi(self, names: list[str]) -> tuple[Grant, ...]:
+        from hook.cdi.edits import to_nodes_and_rules
+        from hook.cdi.hostnodes import fill
+
+        nodes, rules = to_nodes_and_rules(fill(self.registry().resolve(names), self.opts.driver_root))
+        access = {(str(r.type), r.major, r.minor): r.access for r in rules}
+        return tuple(
+            Grant(node=n, access=self.access_for(n, access.get((n.type, n.major, n.minor), Access.RWM)))
+            for n in nodes
+            if (n.type, n.major, n.minor) in access
+        )
+
+    def nvidia(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        name = f"{self.settings.default_cdi_kind}={req.value}"
+        if self.opts.spec_dirs and name in self.registry().devices:
+            return self.cdi([name])
+        from hook.nvidia.ids import resolve
+        from hook.nvidia.model import MigDevice
+        from hook.nvidia.nodes import device_nodes
+
+        devices = resolve(self.inventory(), [req.value], source=req.source)
+        if req.value.lower() != "all" and any(isinstance(d, MigDevice) for d in devices):
+            self.specific_mig = True
+        return self.grants(device_nodes(self.inventory(), devices)) + self.control()
+
+    def mgmt(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        from hook.nvidia.nodes import mig_mgmt_nodes
+
+        nodes = mig_mgmt_nodes(self.inventory(), req.kind is Kind.MIG_CONFIG, req.kind is Kind.MIG_MONITOR)
+        return self.grants(nodes)
+
+    def node(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        if req.node is not None:
+            d = req.node
+            node = Node(
+                path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.file_mode or 0o666
+            )
+            rules = [
+                r for r in self.config.resource_rules if r.allow and r.major == d.major and r.minor == d.minor
+            ]
+            access = Access.NONE
+            for r in rules:
+                access |= r.access
+            return (Grant(node=node, access=access or Access.R | Access.W),)
+        return self.grants((_host_node(self.opts.driver_root, req.value, req.source),))
+
+    def imex(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        major = self.inventory().majors.imex
+        if major is None or not req.value.isdigit():
+            raise InputError(req.source, "imex", f"IMEX channel {req.value!r} unavailable on this host")
+        path = f"/dev/nvidia-caps-imex-channels/channel{req.value}"
+        return self.grants((Node(path=path, type="c", major=major, minor=int(req.value)),))
+
+    def resolve_all(self) -> dict[DeviceRequest, tuple[Grant, ...]]:
+        items = self.requests.items
+        cdi_names = [r.value for r in items if r.kind is Kind.CDI]
+        if cdi_names:
+            self.registry().resolve_devices(cdi_names)  # one error naming every unresolvable device
+        handlers: dict[Kind, Callable[[DeviceRequest], tuple[Grant, ...]]] = {
+            Kind.CDI: lambda r: self.cdi([r.value]),
+            Kind.NVIDIA: self.nvidia,
+            Kind.NO_GPU: lambda r: self.control(),
+            Kind.MIG_CONFIG: self.mgmt,
+            Kind.MIG_MONITOR: self.mgmt,
+            Kind.NODE: self.node,
+            Kind.IMEX: self.imex,
+        }
+        return {r: handlers[r.kind](r) for r in items}
+
+
+def _host_node(driver_root: Path, path: str, source: str) -> Node:
+    """A plugin DeviceSpec host path: its numbers come from the host node itself, never guessed."""
+    host = driver_root / path.lstrip("/")
+    try:
+        st = os.lstat(host)
+    except OSError as exc:
+        raise InputError(source, path, f"host device node {host}: {exc.strerror}") from None
+    if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        raise InputError(source, path, f"{host} is not a device node")
+    kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
+    return Node(
+        path=path,
+        type=kind,
+        major=os.major(st.st_rdev),
+        minor=os.minor(st.st_rdev),
+        file_mode=stat.S_IMODE(st.st_mode),
+    )
+
+
+def scan_accelerators(driver_root: Path, patterns: dict[str, tuple[str, ...]] | Any) -> tuple[Node, ...]:
+    """Every accelerator char node under ``<driver-root>/dev`` (two levels: dri/, nvidia-caps/)."""
+    base = driver_root / "dev"
+    found: list[Node] = []
+
+    def walk(directory: Path, rel: str, depth: int) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for e in entries:
+            name = f"{rel}{e.name}"
+            if e.is_dir(follow_symlinks=False) and depth < 2:
+                walk(Path(e.path), name + "/", depth + 1)
+                continue
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISCHR(st.st_mode) and is_accelerator("/dev/" + name, patterns):
+                found.append(
+                    Node(
+                        path="/dev/" + name,
+                        type="c",
+                        major=os.major(st.st_rdev),
+                        minor=os.minor(st.st_rdev),
+                        file_mode=stat.S_IMODE(st.st_mode),
+                    )
+                )
+
+    walk(base, "", 0)
+    return tuple(sorted(found, key=lambda n: (n.major, n.minor, n.path)))
+
+
+def load_config(state: OciState) -> OciConfig:
+    bundle = Path(state.bundle)
+    path = bundle / "config.json"
+    return parse_config(read_limited(path, MAX_CONFIG_BYTES, "config.json"), str(path), str(bundle))
+
+
+def load_inputs(state: OciState, opts: Options) -> Inputs:
+    """Everything ``decide`` needs for this container, or one ``InputError``."""
+    config = load_config(state)
+    settings = _settings(opts)
+    warnings: list[str] = []
+    annotations = {**config.annotations, **state.annotations}
+    requests = collect(config, annotations, settings, _allocations(annotations, settings, warnings))
+    resolver = _Resolver(opts, settings, config, requests)
+    grants = resolver.resolve_all()
+    host: tuple[Node, ...] = ()
+    if requests.from_plugin and (is_privileged(config.resource_rules) or config.devices):
+        host = scan_accelerators(opts.driver_root, settings.accelerator_nodes)
+    return Inputs(
+        container_id=state.id,
+        config=config,
+        settings=settings,
+        requests=requests,
+        grants=grants,
+        host_accelerators=host,
+        specific_mig=resolver.specific_mig,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,76 @@
+"""Live mode: decide for the starting container and apply the Plan before its process runs.
+
+Rule: fail closed for a container that asked for devices or must be narrowed (any error exits
+non-zero, so the runtime aborts it, with everything undone); the fast path in ``hook.entry`` has
+already let through every container that needs nothing, so the hook never blocks those.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hook.decide import decide
+from hook.errors import HookError, InputError
+from hook.gather import DEFAULT_SPEC_DIRS, Options, load_inputs
+from hook.oci import parse_state
+from hook.plan import Verdict
+from hook.report import build_report
+from hook.settings import Settings
+
+__all__ = ["options_from", "run_live"]
+
+STDIN = "state (stdin)"
+
+
+def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
+    spec_dirs = tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())) or DEFAULT_SPEC_DIRS
+    inventory = opts.get("--inventory")
+    config = opts.get("--config")
+    return Options(
+        driver_root=Path((opts.get("--driver-root") or ["/"])[-1]),
+        spec_dirs=spec_dirs,
+        inventory_file=Path(inventory[-1]) if inventory else None,
+        settings_file=Path(config[-1]) if config else None,
+        use_cache=use_cache,
+    )
+
+
+def _log(record: dict[str, Any], settings: Settings | None) -> None:
+    from hook.log import write_log
+
+    s = settings or Settings()
+    problem = write_log(record, Path(s.log_file), max_bytes=s.log_max_bytes)
+    if problem:
+        sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
+
+
+def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
+    settings: Settings | None = None
+    container = ""
+    try:
+        state = parse_state(stdin, STDIN)
+        container = state.id
+        inputs = load_inputs(state, options_from(opts, use_cache=True))
+        settings = inputs.settings
+        plan = decide(inputs)
+        report = build_report(inputs, plan)
+        if plan.verdict is Verdict.DENY:
+            _log(report, settings)
+            sys.stderr.write(f"oci-device-hook: deny: {plan.reason}\n")
+            return 3
+        if plan.changes:
+            if state.pid is None:
+                raise InputError(STDIN, "pid", "missing: the hook must run as a prestart/createRuntime hook")
+            from hook.apply.transaction import apply_plan
+
+            applied = apply_plan(plan, state.pid)
+            report["cgroup_version"] = applied.cgroup_version
+            report["program_ids"] = applied.program_ids
+        _log(report, settings)
+        return 0
+    except HookError as exc:
+        sys.stderr.write(f"oci-device-hook: {exc}\n")
+        _log({"verdict": "error", "container": {"id": container}, "error": str(exc)}, settings)
+        return exc.exit_code

@@ -1,0 +1,71 @@
+"""The decision object: the contract's JSON (interface.md) and its rendering for a person.
+
+Rule: the JSON keys are the contract; add keys, never rename. Every collection is already
+sorted by ``decide`` so reports are byte-stable and examples can have golden outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hook.decide import Inputs, container_facts
+from hook.plan import Plan
+
+__all__ = ["build_report", "render_json", "render_text"]
+
+
+def build_report(inputs: Inputs, plan: Plan) -> dict[str, Any]:
+    facts = container_facts(inputs)
+    return {
+        "verdict": str(plan.verdict),
+        "reason": plan.reason,
+        "container": {
+            "id": inputs.container_id,
+            "privileged": facts.privileged,
+            "sys_admin": facts.sys_admin,
+            "widened": facts.widened,
+        },
+        "requests": [r.to_json() for r in inputs.requests.items],
+        "plugin_allocation": inputs.requests.from_plugin,
+        "evidence": list(inputs.requests.evidence),
+        "cgroup": [r.to_json() for r in plan.rules],
+        "nodes": {"create": [n.to_json() for n in plan.create], "remove": list(plan.remove)},
+        "warnings": list(plan.warnings),
+    }
+
+
+def render_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, sort_keys=True, indent=2) + "\n"
+
+
+def _rule_text(r: dict[str, Any]) -> str:
+    major = "*" if r["major"] is None else r["major"]
+    minor = "*" if r["minor"] is None else r["minor"]
+    return f"{'allow' if r['allow'] else 'deny '} {r['type']} {major}:{minor} {r['access']}"
+
+
+def render_text(report: dict[str, Any]) -> str:
+    c = report["container"]
+    flags = [name for name in ("privileged", "sys_admin", "widened") if c[name]]
+    lines = [
+        f"container {c['id'] or '(no id)'}" + (f" [{', '.join(flags)}]" if flags else ""),
+        f"verdict:  {report['verdict']}",
+        f"why:      {report['reason']}",
+    ]
+    if report["requests"]:
+        lines.append("asked for:")
+        for r in report["requests"]:
+            origin = "plugin" if r["from_plugin"] else "not a plugin"
+            lines.append(f"  {r['value']:<44} from {r['source']} ({origin})")
+    if report["evidence"]:
+        lines.append(f"plugin allocation evidence: {', '.join(report['evidence'])}")
+    if report["cgroup"]:
+        lines.append("device cgroup rules to add:")
+        lines += [f"  {_rule_text(r)}" for r in report["cgroup"]]
+    for n in report["nodes"]["create"]:
+        lines.append(f"create    {n['path']} ({n['type']} {n['major']}:{n['minor']} mode {n['fileMode']:o})")
+    for p in report["nodes"]["remove"]:
+        lines.append(f"remove    {p}")
+    lines += [f"warning:  {w}" for w in report["warnings"]]
+    return "\n".join(lines) + "\n"

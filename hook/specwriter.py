@@ -1,0 +1,30 @@
+"""The spec writer adapter: fold a decision into config.json, as a CDI-aware engine would hand it to runc.
+
+Rule: pure; takes the config as decoded JSON and returns a new one. CDI edits go first (the
+engine applies them before runc), then the Plan: rules appended after the config's own,
+created nodes added to ``linux.devices``, removed paths taken out of it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hook.plan import Plan
+
+__all__ = ["fold_plan"]
+
+
+def fold_plan(config: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    out = copy.deepcopy(config)
+    linux = out.setdefault("linux", {})
+    gone = set(plan.remove)
+    devices = [d for d in linux.get("devices") or [] if d.get("path") not in gone]
+    have = {d.get("path") for d in devices}
+    for node in plan.create:
+        if node.path not in have:
+            devices.append(node.to_json())
+    linux["devices"] = devices
+    resources = linux.setdefault("resources", {})
+    resources["devices"] = [*(resources.get("devices") or []), *(r.to_json() for r in plan.rules)]
+    return out
