@@ -1,0 +1,102 @@
+"""Apply one whole Plan to a live container, or leave the container exactly as it was.
+
+Rule: the steps run in a fixed order (locate → device cgroup → device nodes) and each step that
+changed something registers how to undo it before the next step starts; if any step fails,
+every registered undo runs, newest first, and the caller gets one ``ApplyError`` naming the
+step that failed (and any undo that failed too). Nothing here decides anything: the Plan is
+complete before ``apply_plan`` is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from hook.apply import devnodes, locate
+from hook.apply.cgroup_v1 import CgroupV1
+from hook.errors import ApplyError, HookError
+from hook.plan import Plan
+from hook.rules import Rule
+
+__all__ = ["AppliedInfo", "DeviceCgroup", "apply_plan", "cgroup_adapter"]
+
+
+class DeviceCgroup(Protocol):
+    """What both cgroup writers offer (``CgroupV1``, ``cgroup_v2.CgroupV2``)."""
+
+    def apply(self, rules: tuple[Rule, ...]) -> Any: ...
+
+    def rollback(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppliedInfo:
+    """What was applied, for the log line and the report."""
+
+    cgroup_version: int
+    cgroup_path: str = ""
+    program_ids: dict[str, Any] = field(default_factory=dict)
+    created: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+def cgroup_adapter(target: locate.CgroupTarget) -> DeviceCgroup:
+    """The writer for the located cgroup; v2 is imported only when needed (it loads ctypes bpf)."""
+    if target.version == 2:
+        from hook.apply.cgroup_v2 import CgroupV2
+
+        return CgroupV2(target.path)
+    return CgroupV1(target.path)
+
+
+def _program_ids(applied: Any) -> dict[str, Any]:
+    """The v2 writer's program ids, if its result carries them (v1 has none)."""
+    ids = getattr(applied, "program_ids", None)
+    if isinstance(ids, dict):
+        return dict(ids)
+    return {"attached": list(ids)} if ids else {}
+
+
+def _fail(step: str, exc: Exception, undos: list[tuple[str, Callable[[], None]]]) -> ApplyError:
+    """Run every undo (newest first) and build the one error the caller sees."""
+    problems = []
+    for name, undo in reversed(undos):
+        try:
+            undo()
+        except Exception as undo_exc:  # keep undoing the rest; report all
+            problems.append(f"undo {name} failed: {undo_exc}")
+    reason = str(exc) + ("; " + "; ".join(problems) if problems else "")
+    file = exc.file if isinstance(exc, HookError) and exc.file else step
+    return ApplyError(file, step, reason)
+
+
+def apply_plan(plan: Plan, pid: int, *, proc: Path = Path("/proc"), rootfs: str | None = None) -> AppliedInfo:
+    """Apply ``plan`` to the container whose init is ``pid``; all or nothing.
+
+    ``rootfs`` is the bundle's root path on the host (needed before pivot_root, i.e. for runc
+    prestart/createRuntime hooks; see ``devnodes``).
+    """
+    undos: list[tuple[str, Callable[[], None]]] = []
+    try:
+        target = locate.find(pid, proc)
+    except (HookError, OSError) as exc:
+        raise _fail("locate cgroup", exc, undos) from exc
+    info: dict[str, Any] = {"cgroup_version": target.version, "cgroup_path": str(target.path)}
+    if plan.rules:
+        step = f"cgroup v{target.version} {target.path}"
+        try:
+            cgroup = cgroup_adapter(target)
+            undos.append(("cgroup", cgroup.rollback))
+            info["program_ids"] = _program_ids(cgroup.apply(tuple(plan.rules)))
+        except (HookError, OSError, ValueError) as exc:
+            raise _fail(step, exc, undos) from exc
+    if plan.create or plan.remove:
+        try:
+            undo = devnodes.apply(pid, plan.create, plan.remove, rootfs=rootfs, proc=proc)
+        except (HookError, OSError) as exc:
+            raise _fail("device nodes", exc, undos) from exc
+        undos.append(("device nodes", undo.run))
+        info["created"], info["removed"] = undo.created, undo.removed
+    return AppliedInfo(**info)
