@@ -1,0 +1,62 @@
+"""write_log: one sorted JSON line per record, size rotation, and errors returned, never raised."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hook.log import write_log
+
+
+def test_one_sorted_line_per_record(tmp_path: Path) -> None:
+    log = tmp_path / "sub" / "hook.log"
+    assert write_log({"id": "c1", "verdict": "apply"}, log) is None
+    assert write_log({"verdict": "none", "id": "c2"}, log) is None
+    lines = log.read_text().splitlines()
+    assert lines == ['{"id": "c1", "verdict": "apply"}', '{"id": "c2", "verdict": "none"}']
+    assert [json.loads(x)["id"] for x in lines] == ["c1", "c2"]
+
+
+def test_newlines_in_values_stay_on_one_line(tmp_path: Path) -> None:
+    log = tmp_path / "hook.log"
+    write_log({"reason": "a\nb"}, log)
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_rotation_keeps_backups_and_drops_the_oldest(tmp_path: Path) -> None:
+    log = tmp_path / "hook.log"
+    for i in range(6):
+        assert write_log({"n": i, "pad": "x" * 40}, log, max_bytes=130, backups=2) is None
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["hook.log", "hook.log.1", "hook.log.2"]
+    newest = [json.loads(x)["n"] for x in log.read_text().splitlines()]
+    assert newest == [4, 5]
+    assert [json.loads(x)["n"] for x in (tmp_path / "hook.log.2").read_text().splitlines()] == [0, 1]
+
+
+def test_zero_backups_truncates(tmp_path: Path) -> None:
+    log = tmp_path / "hook.log"
+    for i in range(3):
+        write_log({"n": i, "pad": "x" * 60}, log, max_bytes=100, backups=0)
+    assert [p.name for p in tmp_path.iterdir()] == ["hook.log"]
+    assert json.loads(log.read_text())["n"] == 2
+
+
+def test_failure_is_returned_not_raised(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    err = write_log({"id": "c"}, blocker / "hook.log")
+    assert err is not None and str(blocker / "hook.log") in err
+
+
+def test_unserializable_record_is_returned_as_error(tmp_path: Path) -> None:
+    err = write_log({"k": float("nan"), 1: {2}}, tmp_path / "hook.log")  # mixed key types cannot sort
+    assert err is not None and "cannot write log" in err
+
+
+def test_symlinked_log_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("keep\n")
+    (tmp_path / "hook.log").symlink_to(target)
+    assert write_log({"id": "c"}, tmp_path / "hook.log") is not None
+    assert target.read_text() == "keep\n"
