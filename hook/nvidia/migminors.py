@@ -98,7 +98,7 @@ def parse_mig_minors(text: str, source: str = MIG_MINORS_PATH) -> MigMinors:
         elif m := _GI.fullmatch(name):
             key, table = (int(m[1]), int(m[2])), gi
         else:
-            warnings.append(f"{source}: line {lineno}: skipped unknown capability {name!r}")
+            warnings.append(f"{source}: line {lineno}: skipped unknown capability line {line!r}")
             continue
         if key in table:
             raise InputError(source, f"line {lineno}", f"capability {name!r} is listed twice")
