@@ -212,6 +212,8 @@ def _apply_env(config: dict[str, Any], env: tuple[str, ...]) -> None:
 
 
 def _apply_device_nodes(config: dict[str, Any], nodes: tuple[CdiDeviceNode, ...]) -> None:
+    if not nodes:
+        return
     linux = _section(config, "linux")
     user = config.get("process", {}).get("user") if isinstance(config.get("process"), dict) else None
     user = user if isinstance(user, dict) else {}

@@ -209,6 +209,12 @@ def _version_problems(raw: dict[str, Any]) -> list[schema.Problem]:
     return []
 
 
+def _raw_edits_empty(edits: dict[str, Any]) -> bool:
+    """The reference's "empty edits": no env, nodes, hooks, mounts, gids, net devices, intelRdt."""
+    return "intelRdt" not in edits and not any(
+        edits.get(k) for k in ("env", "deviceNodes", "hooks", "mounts", "additionalGids", "netDevices"))
+
+
 def _device_problems(raw: dict[str, Any]) -> list[schema.Problem]:
     out: list[schema.Problem] = []
     devices = raw.get("devices")
@@ -227,7 +233,7 @@ def _device_problems(raw: dict[str, Any]) -> list[schema.Problem]:
             seen.setdefault(name, i)
         if "containerEdits" in dev:
             field = f"devices[{i}].containerEdits"
-            if schema.edits_from_raw(dev["containerEdits"]).is_empty():
+            if _raw_edits_empty(dev["containerEdits"]):
                 out.append((field, "a device needs non-empty containerEdits", "empty-edits"))
             out += _edits_problems(dev["containerEdits"], field)
     return out
@@ -258,7 +264,7 @@ def document_problems(document: Any, source: str) -> tuple[dict[str, Any] | None
         found += _version_problems(raw)
         found += _edits_problems(raw.get("containerEdits", {}), "containerEdits")
         found += _device_problems(raw)
-    errors = [SpecError(source, f or "(document)", reason, rule) for f, reason, rule in found]
+    errors = [SpecError(source, f, reason, rule) for f, reason, rule in found]
     return (None if errors else raw), errors
 
 
