@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -113,18 +113,22 @@ def _mount_types(mounts_text: str) -> dict[str, tuple[str, str]]:
     return table
 
 
-def _bpf_probe() -> tuple[bool, str]:
+def _bpf_probe(cgroup_root: str = CGROUP_ROOT) -> tuple[bool, str]:
+    """Query the BPF device programs attached to the root cgroup (needs root and CONFIG_CGROUP_BPF)."""
     try:
         from hook.apply import bpf_sys
     except ImportError as exc:
         return True, f"BPF support not available in this build ({exc})"
-    probe: Callable[[], object] | None = getattr(bpf_sys, "probe", None)
-    if probe is None:
-        return True, "BPF syscalls importable"
     try:
-        probe()
+        fd = os.open(cgroup_root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        return False, f"cannot query BPF device programs: {exc.strerror or exc}"
+        return False, f"cannot open {cgroup_root}: {exc.strerror or exc}"
+    try:
+        bpf_sys.query_device_programs(fd)
+    except Exception as exc:  # ApplyError or OSError: either way the hook could not apply on v2
+        return False, f"cannot query BPF device programs: {exc}"
+    finally:
+        os.close(fd)
     return True, "BPF device programs can be queried"
 
 

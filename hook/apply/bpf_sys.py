@@ -23,6 +23,7 @@ __all__ = [
     "BPF_F_REPLACE",
     "Attached",
     "attach",
+    "close_all",
     "detach",
     "dump_xlated",
     "get_fd_by_id",
