@@ -129,7 +129,7 @@ def _block(rule: Rule, nxt: str) -> list[Insn]:
         ]
     if rule.allow and partial:  # these bits are decided; others still need a later block
         out += [
-            Insn(AND32_K, dst=3, imm=~rule.access.value & 0xFFFFFFFF),
+            Insn(AND32_K, dst=3, imm=~rule.access.value),
             Insn(JNE_K, dst=3, imm=0, label=nxt),
         ]
     return [*out, Insn(MOV32_K, dst=0, imm=int(rule.allow)), Insn(EXIT)]
