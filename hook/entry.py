@@ -108,6 +108,90 @@ def needs_decision(config: dict, annotations: dict) -> bool:
     return False
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _strs(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _opt(obj: dict, key: str, ok: object) -> bool:
+    """``obj[key]`` is absent or passes ``ok`` (a type or a predicate)."""
+    if key not in obj:
+        return True
+    v = obj[key]
+    return isinstance(v, ok) if isinstance(ok, type) else bool(ok(v))  # type: ignore[operator]
+
+
+def _str_map(v: object) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+
+
+def _well_formed(state: dict, config: dict) -> bool:
+    """Every field ``hook.oci`` type-checks has the type it wants (a conservative copy of its
+    rules): the fast path may only answer for input the full parsers would accept."""
+    bundle = state.get("bundle", state.get("bundlePath"))
+    pid = state.get("pid")
+    if not (isinstance(bundle, str) and bundle and (pid is None or (_is_int(pid) and pid >= 0))):
+        return False
+    if not all(_opt(state, k, str) for k in ("ociVersion", "id", "status")):
+        return False
+    if not (_opt(state, "annotations", _str_map) and _opt(config, "annotations", _str_map)):
+        return False
+    if not (
+        _opt(config, "ociVersion", str) and all(_opt(config, k, dict) for k in ("process", "linux", "root"))
+    ):
+        return False
+    process, linux, root = config.get("process") or {}, config.get("linux") or {}, config.get("root") or {}
+    caps = process.get("capabilities")
+    if not (_opt(process, "env", _strs) and _opt(root, "path", str)):
+        return False
+    if caps is not None and not (
+        _strs(caps) or (isinstance(caps, dict) and _strs(caps.get("bounding") or []))
+    ):
+        return False
+    for m in _list(config.get("mounts")):
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("destination"), str)
+            and _strs(m.get("options") or [])
+            and _opt(m, "source", str)
+            and _opt(m, "type", str)
+        ):
+            return False
+    for d in _list(linux.get("devices")):
+        if not (
+            isinstance(d, dict)
+            and isinstance(d.get("path"), str)
+            and d.get("type") in ("c", "b", "u", "p")
+            and all(_is_int(d.get(k)) for k in ("major", "minor"))
+            and all(_opt(d, k, _is_int) for k in ("fileMode", "uid", "gid"))
+        ):
+            return False
+    if not _opt(linux, "resources", dict):
+        return False
+    for r in _list((linux.get("resources") or {}).get("devices")):
+        if not (
+            isinstance(r, dict)
+            and isinstance(r.get("allow"), bool)
+            and (r.get("type") or "a") in ("a", "c", "b")
+            and isinstance(r.get("access", "rwm"), str)
+            and set(r.get("access", "rwm")) <= set("rwm")
+            and all(_opt(r, k, _is_int) for k in ("major", "minor"))
+        ):
+            return False
+    return True
+
+
+def _list(v: object) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise TypeError("expected a list")
+    return v
+
+
 def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
     """Answer "nothing to do" from raw JSON, or return False to take the full path.
 
@@ -121,7 +205,11 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
         bundle = state.get("bundle") or state.get("bundlePath")
         config = json.loads(_read(os.path.join(bundle, "config.json"), MAX_CONFIG))
         annotations = state.get("annotations") or {}
-        if not isinstance(config, dict) or not isinstance(annotations, dict):
+        if (
+            not isinstance(config, dict)
+            or not isinstance(annotations, dict)
+            or not _well_formed(state, config)
+        ):
             return False
         return not needs_decision(config, annotations)
     except (OSError, ValueError, TypeError, AttributeError):
