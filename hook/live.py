@@ -65,7 +65,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
                 raise InputError(STDIN, "pid", "missing: the hook must run as a prestart/createRuntime hook")
             from hook.apply.transaction import apply_plan
 
-            applied = apply_plan(plan, state.pid)
+            applied = apply_plan(plan, state.pid, rootfs=inputs.config.root_path)
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
         _log(report, settings)
