@@ -8,6 +8,7 @@ already let through every container that needs nothing, so the hook never blocks
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from hook.gather import DEFAULT_SPEC_DIRS, Options, load_inputs
 from hook.oci import parse_state
 from hook.plan import Verdict
 from hook.report import build_report
-from hook.settings import Settings
+from hook.settings import DEFAULT_PATH, Settings, load_settings
 
 __all__ = ["options_from", "run_live"]
 
@@ -50,10 +51,12 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
     try:
+        options = options_from(opts, use_cache=True)
+        # settings first, so that an error in the state or config.json is logged where the operator said
+        settings = load_settings(options.settings_file or DEFAULT_PATH, required=bool(options.settings_file))
         state = parse_state(stdin, STDIN)
         container = state.id
-        inputs = load_inputs(state, options_from(opts, use_cache=True))
-        settings = inputs.settings
+        inputs = load_inputs(state, replace(options, settings=settings))
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
