@@ -16,6 +16,9 @@ LIVE_STAGES = frozenset({"prestart", "createRuntime"})
 OTHER_STAGES = frozenset({"createContainer", "startContainer", "poststart", "poststop"})
 VALUE_OPTIONS = frozenset({"--config", "--driver-root", "--cdi-spec-dir", "--inventory", "--format"})
 DEFAULT_SETTINGS = "/etc/oci-device-hook/config.yaml"
+DEFAULT_PREFIXES = ("cdi.k8s.io/",)
+DEFAULT_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+FASTPATH_CACHE = "/run/oci-device-hook/fastpath.json"
 MAX_STATE = 1 << 20
 MAX_CONFIG = 16 << 20
 NVIDIA_ENVS = ("NVIDIA_VISIBLE_DEVICES=", "NVIDIA_MIG_CONFIG_DEVICES=", "NVIDIA_MIG_MONITOR_DEVICES=")
@@ -70,22 +73,37 @@ def _read(fd_or_path: int | str, limit: int) -> bytes:
     return data
 
 
-def _plain_settings(path: str) -> bool:
-    """True when the settings file is absent or all comments: defaults apply, no yaml needed."""
+def _fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
+    """The two settings the fast path needs (CDI annotation prefixes, volume-mount root), or None.
+
+    Defaults when the file is absent or all comments. Otherwise the full path has compiled them
+    into ``FASTPATH_CACHE`` keyed by the file's identity; a stale or missing entry means "take the
+    full path", which rewrites it. So custom settings cost yaml once, not on every container.
+    """
     try:
-        with open(path, "rb") as f:
-            text = f.read(1 << 20)
+        st = os.stat(path)
     except FileNotFoundError:
-        return True
+        return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
     except OSError:
-        return False
-    return all(
-        not line.strip() or line.lstrip().startswith(b"#") or line.strip() == b"---"
-        for line in text.splitlines()
-    )
+        return None
+    if st.st_size < 65536:
+        with open(path, "rb") as f:
+            text = f.read()
+        lines = (ln.strip() for ln in text.splitlines())
+        if all(not ln or ln.startswith(b"#") or ln == b"---" for ln in lines):
+            return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
+    try:
+        cached = json.loads(_read(FASTPATH_CACHE, 65536))
+        if cached["key"] == [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino]:
+            return tuple(cached["cdi_annotation_prefixes"]), str(cached["volume_mount_root"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
-def needs_decision(config: dict, annotations: dict) -> bool:
+def needs_decision(
+    config: dict, annotations: dict, prefixes: tuple[str, ...] = ("cdi.k8s.io/",), mount_root: str = ""
+) -> bool:
     """A cheap superset of "this container asks for a device or is widened"; false means nothing to do."""
     linux = config.get("linux") or {}
     for rule in (linux.get("resources") or {}).get("devices") or ():
@@ -95,10 +113,11 @@ def needs_decision(config: dict, annotations: dict) -> bool:
         if not isinstance(dev, dict) or os.path.normpath(str(dev.get("path", ""))) not in PLAIN_NODES:
             return True
     for key in list(annotations) + list(config.get("annotations") or {}):
-        if isinstance(key, str) and key.startswith("cdi.k8s.io/"):
+        if isinstance(key, str) and key.startswith(prefixes):
             return True
     for m in config.get("mounts") or ():
-        if isinstance(m, dict) and "nvidia-container-devices" in str(m.get("destination", "")):
+        dest = str(m.get("destination", "")) if isinstance(m, dict) else ""
+        if "nvidia-container-devices" in dest or (mount_root and dest.startswith(mount_root)):
             return True
     for entry in (config.get("process") or {}).get("env") or ():
         if isinstance(entry, str) and entry.startswith(NVIDIA_ENVS):
@@ -198,7 +217,8 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
     Any doubt (unreadable input, custom settings) returns False: the full path then reports it
     properly, with the file and the field.
     """
-    if len(stdin) > MAX_STATE or not _plain_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1]):
+    fast = _fast_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1])
+    if len(stdin) > MAX_STATE or fast is None:
         return False
     try:
         state = json.loads(stdin)
@@ -211,7 +231,7 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
             or not _well_formed(state, config)
         ):
             return False
-        return not needs_decision(config, annotations)
+        return not needs_decision(config, annotations, *fast)
     except (OSError, ValueError, TypeError, AttributeError):
         return False
 

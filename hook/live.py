@@ -47,6 +47,17 @@ def _log(record: dict[str, Any], settings: Settings | None) -> None:
         sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
 
 
+def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
+    """Let the fast path serve later containers under custom settings without loading yaml."""
+    from hook.settings import DEFAULT_PATH, remember_for_fast_path
+
+    path = Path((opts.get("--config") or [str(DEFAULT_PATH)])[-1])
+    if path.exists():
+        problem = remember_for_fast_path(path, settings)
+        if problem:
+            sys.stderr.write(f"oci-device-hook: warning: fast path cache: {problem}\n")
+
+
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""

@@ -159,3 +159,33 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
         where = f"line {mark.line + 1}" if mark else ""
         raise InputError(str(path), where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
     return parse_settings(obj, str(path))
+
+
+FASTPATH_CACHE = Path("/run/oci-device-hook/fastpath.json")
+
+
+def remember_for_fast_path(path: Path, settings: Settings, target: Path | None = None) -> str | None:
+    """Compile what ``hook.entry``'s fast path needs from a custom settings file, keyed by its identity.
+
+    Returns a warning text instead of raising: a missing cache only costs speed, never a decision.
+    """
+    import json
+    import os
+
+    target = target or FASTPATH_CACHE
+    try:
+        st = os.stat(path)
+        record = {
+            "key": [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino],
+            "cdi_annotation_prefixes": list(settings.cdi_annotation_prefixes),
+            "volume_mount_root": settings.volume_mount_root,
+        }
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, target)
+    except OSError as exc:
+        return f"{target}: {exc.strerror or exc}"
+    return None

@@ -1,0 +1,74 @@
+"""Custom settings keep the fast path: the full path compiles them once, later containers reuse them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hook import entry, settings
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    target = tmp_path / "run" / "fastpath.json"
+    monkeypatch.setattr(entry, "FASTPATH_CACHE", str(target))
+    monkeypatch.setattr(settings, "FASTPATH_CACHE", target)
+    return target
+
+
+def write_settings(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_absent_or_commented_settings_use_defaults(tmp_path: Path, cache: Path) -> None:
+    assert entry._fast_settings(str(tmp_path / "missing.yaml")) == (
+        ("cdi.k8s.io/",),
+        entry.DEFAULT_MOUNT_ROOT,
+    )
+    commented = write_settings(tmp_path, "---\n# privileged_allocation: reject\n\n")
+    assert entry._fast_settings(str(commented)) == (("cdi.k8s.io/",), entry.DEFAULT_MOUNT_ROOT)
+
+
+def test_custom_settings_need_the_full_path_once(tmp_path: Path, cache: Path) -> None:
+    path = write_settings(tmp_path, "cdi_annotation_prefixes: [example.com/cdi-]\n")
+    assert entry._fast_settings(str(path)) is None  # nothing compiled yet: take the full path
+    assert settings.remember_for_fast_path(path, settings.load_settings(path)) is None
+    assert entry._fast_settings(str(path)) == (("example.com/cdi-",), entry.DEFAULT_MOUNT_ROOT)
+
+
+def test_an_edited_settings_file_invalidates_the_cache(tmp_path: Path, cache: Path) -> None:
+    path = write_settings(tmp_path, "cdi_annotation_prefixes: [a.io/]\n")
+    settings.remember_for_fast_path(path, settings.load_settings(path))
+    path.write_text("cdi_annotation_prefixes: [b.io/, c.io/]\n")
+    os.utime(path, ns=(1, 1))
+    assert entry._fast_settings(str(path)) is None
+
+
+def test_corrupt_cache_means_full_path(tmp_path: Path, cache: Path) -> None:
+    path = write_settings(tmp_path, "privileged_allocation: reject\n")
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{not json")
+    assert entry._fast_settings(str(path)) is None
+
+
+def test_custom_prefix_routes_a_container_to_the_full_path(tmp_path: Path, cache: Path) -> None:
+    config = {"process": {"env": ["PATH=/bin"]}, "linux": {}}
+    assert not entry.needs_decision(config, {"example.com/cdi-x": "v/c=d"})
+    assert entry.needs_decision(config, {"example.com/cdi-x": "v/c=d"}, ("example.com/cdi-",))
+
+
+def test_fast_path_answers_with_compiled_custom_settings(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_settings(tmp_path, "privileged_allocation: reject\n")
+    settings.remember_for_fast_path(path, settings.load_settings(path))
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
+    state = json.dumps({"id": "c1", "pid": 1, "bundle": str(bundle)}).encode()
+    assert entry._fast_path({"--config": [str(path)]}, state) is True
