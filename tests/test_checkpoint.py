@@ -1,0 +1,113 @@
+"""hook.checkpoint: the kubelet device-plugin checkpoint and its protobuf AllocResp."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from hook.checkpoint import find_allocations, parse_checkpoint, pod_identity
+from hook.errors import InputError
+from tests.bundles import CONTAINER, POD_UID, alloc_resp, checkpoint, checkpoint_entry
+
+
+def test_alloc_resp_decoded() -> None:
+    resp = alloc_resp(
+        envs={"NVIDIA_VISIBLE_DEVICES": "GPU-1", "X": "y"},
+        devices=[("/dev/dri/renderD128", "/dev/dri/renderD129", "rw")],
+        cdi=["nvidia.com/gpu=0", "nvidia.com/gpu=1"],
+    )
+    (a,) = parse_checkpoint(checkpoint([checkpoint_entry("amd.com/gpu", ["b", "a", "a"], resp)]), "ck")
+    assert (a.pod_uid, a.container, a.resource) == (POD_UID, CONTAINER, "amd.com/gpu")
+    assert a.device_ids == ("a", "b")
+    assert dict(a.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-1", "X": "y"}
+    assert a.device_paths == (("/dev/dri/renderD128", "/dev/dri/renderD129"),)
+    assert a.cdi_devices == ("nvidia.com/gpu=0", "nvidia.com/gpu=1")
+
+
+def test_unknown_protobuf_fields_skipped() -> None:
+    # field 2 (mounts, length-delimited), a varint field 9 and a fixed64 field 10 around a CDI device
+    extra = b"\x12\x03abc" + b"\x48\x96\x01" + b"\x51" + b"\x00" * 8
+    (a,) = parse_checkpoint(
+        checkpoint([checkpoint_entry("r", ["0"], extra + alloc_resp(cdi=["v/c=n"]))]), "ck"
+    )
+    assert a.cdi_devices == ("v/c=n",)
+
+
+def test_flat_device_id_list_of_old_kubelets() -> None:
+    data = json.dumps(
+        {
+            "Data": {
+                "PodDeviceEntries": [
+                    {"PodUID": "p", "ContainerName": "c", "ResourceName": "r", "DeviceIDs": ["1", "0"]}
+                ]
+            }
+        }
+    ).encode()
+    assert parse_checkpoint(data, "ck")[0].device_ids == ("0", "1")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"{}", b'{"Data":{}}', b'{"Data":{"PodDeviceEntries":null}}'],
+    ids=["empty", "no-entries", "null-entries"],
+)
+def test_no_entries(data: bytes) -> None:
+    assert parse_checkpoint(data, "ck") == ()
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        pytest.param(b"{oops", "", id="not-json"),
+        pytest.param(b'{"Data":{"PodDeviceEntries":{}}}', "Data.PodDeviceEntries", id="entries-object"),
+        pytest.param(b'{"Data":{"PodDeviceEntries":[3]}}', "Data.PodDeviceEntries[0]", id="entry-int"),
+        pytest.param(checkpoint([{"DeviceIDs": {"0": "x"}}]), "Data.PodDeviceEntries[0].DeviceIDs", id="ids"),
+        pytest.param(
+            checkpoint([{"AllocResp": "!!notbase64"}]), "Data.PodDeviceEntries[0].AllocResp", id="b64"
+        ),
+        pytest.param(
+            checkpoint([{"AllocResp": base64.b64encode(b"\x2a\x09ab").decode()}]),
+            "Data.PodDeviceEntries[0].AllocResp",
+            id="truncated-protobuf",
+        ),
+    ],
+)
+def test_corrupt_checkpoint_names_field(data: bytes, field: str) -> None:
+    with pytest.raises(InputError) as info:
+        parse_checkpoint(data, "/var/lib/kubelet/ckpt")
+    assert (info.value.file, info.value.field) == ("/var/lib/kubelet/ckpt", field)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "ident"),
+    [
+        pytest.param(
+            {"io.kubernetes.cri.sandbox-uid": "u", "io.kubernetes.cri.container-name": "c"},
+            ("u", "c"),
+            id="containerd",
+        ),
+        pytest.param(
+            {"io.kubernetes.pod.uid": "u", "io.kubernetes.container.name": "c"}, ("u", "c"), id="crio"
+        ),
+        pytest.param({"io.kubernetes.pod.uid": "u"}, None, id="no-container"),
+        pytest.param({}, None, id="none"),
+    ],
+)
+def test_pod_identity(annotations: dict[str, str], ident: tuple[str, str] | None) -> None:
+    assert pod_identity(annotations) == ident
+
+
+def test_find_allocations_matches_pod_and_container() -> None:
+    allocs = parse_checkpoint(
+        checkpoint(
+            [
+                checkpoint_entry("nvidia.com/gpu", ["0"]),
+                checkpoint_entry("nvidia.com/gpu", ["1"], container="sidecar"),
+                checkpoint_entry("nvidia.com/gpu", ["2"], pod_uid="other"),
+            ]
+        ),
+        "ck",
+    )
+    assert [a.device_ids for a in find_allocations(allocs, POD_UID, CONTAINER)] == [("0",)]
