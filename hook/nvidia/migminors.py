@@ -19,6 +19,7 @@ __all__ = [
     "MIG_MINORS_PATH",
     "MigMinors",
     "build_cap_table",
+    "cap_key",
     "ci_cap_name",
     "dev_cap_path",
     "gi_cap_name",
@@ -33,26 +34,45 @@ CAPS_DEV_DIR: Final = "dev/nvidia-caps"
 _GI: Final = re.compile(r"gpu(\d+)/gi(\d+)/access")
 _CI: Final = re.compile(r"gpu(\d+)/gi(\d+)/ci(\d+)/access")
 _GLOBAL: Final = ("config", "monitor")
+_VALID_LINE: Final = re.compile(
+    r"^[ \t]*(config|monitor|gpu\d+/gi\d+(?:/ci\d+)?/access)[ \t]+(\d+)[ \t]*$", re.MULTILINE
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MigMinors:
-    config: int | None = None
-    monitor: int | None = None
-    gi: Mapping[tuple[int, int], int] = field(default_factory=dict)
-    ci: Mapping[tuple[int, int, int], int] = field(default_factory=dict)
+    """Every listed capability name (``config``, ``gpu0/gi1/access``, ...) → its minor."""
+
+    by_name: Mapping[str, int] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
-    def names(self) -> dict[str, int]:
-        """Every listed capability name (``config``, ``gpu0/gi1/access``, ...) → its minor."""
-        out: dict[str, int] = {}
-        if self.config is not None:
-            out["config"] = self.config
-        if self.monitor is not None:
-            out["monitor"] = self.monitor
-        out.update((gi_cap_name(*key), minor) for key, minor in self.gi.items())
-        out.update((ci_cap_name(*key), minor) for key, minor in self.ci.items())
-        return out
+    @property
+    def config(self) -> int | None:
+        return self.by_name.get("config")
+
+    @property
+    def monitor(self) -> int | None:
+        return self.by_name.get("monitor")
+
+    @property
+    def gi(self) -> dict[tuple[int, int], int]:
+        return {key: minor for name, minor in self.by_name.items() if len(key := cap_key(name)) == 2}
+
+    @property
+    def ci(self) -> dict[tuple[int, int, int], int]:
+        return {key: minor for name, minor in self.by_name.items() if len(key := cap_key(name)) == 3}
+
+    def names(self) -> Mapping[str, int]:
+        return self.by_name
+
+
+def cap_key(name: str) -> tuple[int, ...]:
+    """``gpu0/gi1/access`` → (0, 1); ``gpu0/gi1/ci2/access`` → (0, 1, 2); else ()."""
+    if m := _CI.fullmatch(name):
+        return (int(m[1]), int(m[2]), int(m[3]))
+    if m := _GI.fullmatch(name):
+        return (int(m[1]), int(m[2]))
+    return ()
 
 
 def gi_cap_name(gpu_minor: int, gi: int) -> str:
@@ -75,37 +95,41 @@ def dev_cap_path(minor: int) -> str:
     return f"{CAPS_DEV_DIR}/nvidia-cap{minor}"
 
 
-def parse_mig_minors(text: str, source: str = MIG_MINORS_PATH) -> MigMinors:
-    """Parse the file's ``<name> <minor>`` lines; a duplicate name is an error, junk a warning."""
-    globals_: dict[str, int] = {}
-    gi: dict[tuple[int, int], int] = {}
-    ci: dict[tuple[int, int, int], int] = {}
+def _slow_parse(text: str, source: str) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """Line by line, for files with junk: (name, minor, line number) plus one warning per bad line."""
+    pairs: list[tuple[str, str, int]] = []
     warnings: list[str] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit():
+        match = _VALID_LINE.fullmatch(line)
+        if match is None:
             warnings.append(f"{source}: line {lineno}: skipped unexpected line {line!r}")
-            continue
-        name, minor = parts[0], int(parts[1])
-        key: tuple[int, ...] | str
-        if name in _GLOBAL:
-            key, table = name, globals_
-        elif m := _CI.fullmatch(name):
-            key, table = (int(m[1]), int(m[2]), int(m[3])), ci
-        elif m := _GI.fullmatch(name):
-            key, table = (int(m[1]), int(m[2])), gi
         else:
-            warnings.append(f"{source}: line {lineno}: skipped unknown capability line {line!r}")
-            continue
-        if key in table:
-            raise InputError(source, f"line {lineno}", f"capability {name!r} is listed twice")
-        table[key] = minor  # type: ignore[index]
-    return MigMinors(
-        config=globals_.get("config"), monitor=globals_.get("monitor"), gi=gi, ci=ci, warnings=tuple(warnings)
-    )
+            pairs.append((match[1], match[2], lineno))
+    return pairs, warnings
+
+
+def parse_mig_minors(text: str, source: str = MIG_MINORS_PATH) -> MigMinors:
+    """Parse the file's ``<name> <minor>`` lines; a duplicate name is an error, junk a warning.
+
+    The driver lists ~4300 lines, so valid files take one C-level ``findall``; only a file with
+    some other line is walked line by line to name it.
+    """
+    fast = _VALID_LINE.findall(text)
+    if len(fast) == text.count("\n") + (not text.endswith("\n")):  # every line valid (no blank ones)
+        pairs, warnings = [(name, minor, 0) for name, minor in fast], []
+    else:
+        pairs, warnings = _slow_parse(text, source)
+    by_name = dict(zip([p[0] for p in pairs], map(int, [p[1] for p in pairs]), strict=True))
+    if len(by_name) != len(pairs):
+        seen: set[str] = set()
+        for name, _minor, lineno in pairs if warnings else _slow_parse(text, source)[0]:
+            if name in seen:
+                raise InputError(source, f"line {lineno}", f"capability {name!r} is listed twice")
+            seen.add(name)
+    return MigMinors(by_name=by_name, warnings=tuple(warnings))
 
 
 def build_cap_table(
@@ -119,20 +143,27 @@ def build_cap_table(
     """
     warnings: list[str] = []
     found: dict[str, CapNode] = {}
-    for name, minor in minors.names().items():
-        node = proc_caps.get(name)
-        if node is not None and node.minor != minor:
+    for name, node in proc_caps.items():
+        minor = minors.by_name.get(name)
+        if minor is None:
+            continue
+        if node.minor != minor:
             warnings.append(
                 f"{proc_cap_path(name)}: DeviceFileMinor {node.minor} differs from mig-minors ({minor}); "
                 "using the capability file"
             )
-        found_node = node if node is not None else dev_caps.get(minor)
-        if found_node is not None:
-            found[name] = found_node
+        found[name] = node
+    if dev_caps:
+        by_minor = {minor: name for name, minor in minors.by_name.items() if minor in dev_caps}
+        for minor, node in dev_caps.items():
+            name = by_minor.get(minor)
+            if name is not None and name not in found:
+                found[name] = node
+    keyed = {cap_key(name): node for name, node in found.items()}
     table = CapTable(
         config=found.get("config"),
         monitor=found.get("monitor"),
-        gi={key: found[gi_cap_name(*key)] for key in minors.gi if gi_cap_name(*key) in found},
-        ci={key: found[ci_cap_name(*key)] for key in minors.ci if ci_cap_name(*key) in found},
+        gi={key: node for key, node in keyed.items() if len(key) == 2},
+        ci={key: node for key, node in keyed.items() if len(key) == 3},
     )
     return table, tuple(warnings)

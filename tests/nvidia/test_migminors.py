@@ -97,3 +97,22 @@ def test_ci_without_gi_is_not_an_instance() -> None:
     minors = parse_mig_minors("gpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n")
     table, _ = build_cap_table(minors, {}, {13: CapNode(minor=13)})
     assert dict(table.ci) and table.instances() == ()
+
+
+def test_duplicate_in_a_file_with_junk() -> None:
+    with pytest.raises(InputError) as info:
+        parse_mig_minors("junk\nmonitor 2\n\nmonitor 3\n", "mm")
+    assert info.value.field == "line 4"
+
+
+def test_cap_key() -> None:
+    from hook.nvidia.migminors import cap_key
+
+    assert cap_key("gpu7/gi3/access") == (7, 3)
+    assert cap_key("gpu7/gi3/ci1/access") == (7, 3, 1)
+    assert cap_key("config") == ()
+
+
+def test_dev_node_for_unlisted_minor_is_ignored() -> None:
+    table, _ = build_cap_table(parse_mig_minors("config 1\n"), {}, {99: CapNode(minor=99)})
+    assert table == build_cap_table(parse_mig_minors(""), {}, {})[0]
