@@ -2,10 +2,10 @@
 
 Rule: an entry is reused only while its file's ``(path, size, mtime_ns, inode)`` is unchanged.
 The cache is one file written atomically (temp file + ``os.replace``, mode 0600): a JSON header
-line (magic, format version, per-file key, kind, device names, error, body offset) followed by
-one JSON line per spec body, so a warm load json-decodes only the header and bodies are decoded
-only for the specs a request touches. A cache that is corrupt, foreign (other magic or version,
-not owned by us, group/world writable) is ignored and rebuilt, never trusted.
+line (magic, format version, per-file key, kind, device names, error, body offset and CRC-32)
+followed by one JSON line per spec body, so a warm load reads and decodes only the header; a
+body is read (and its CRC checked) only for a spec a request touches. A cache that is corrupt or
+foreign (other magic or version, not owned by us, group/world writable) is ignored and rebuilt.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import stat
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -48,9 +49,9 @@ class Entry:
 class Cache:
     """A read cache file: the header index plus the raw bytes that hold the bodies."""
 
-    def __init__(self, header: dict[str, Any], blob: bytes, base: int) -> None:
+    def __init__(self, header: dict[str, Any], path: Path, base: int) -> None:
         self._files: dict[str, Any] = header["files"]
-        self._blob = blob
+        self._path = path
         self._base = base
 
     def paths(self) -> set[str]:
@@ -69,10 +70,14 @@ class Cache:
         """The raw spec body of ``path``; None if this cache cannot provide it (treat as a miss)."""
         item = self._files.get(path)
         try:
-            start, length = item["body"]  # type: ignore[index]
-            begin = self._base + int(start)
-            value = json.loads(self._blob[begin:begin + int(length)])
-        except (TypeError, KeyError, ValueError):
+            start, length, crc = item["body"]  # type: ignore[index]
+            with open(self._path, "rb") as fh:  # the file may have been replaced: the CRC tells
+                fh.seek(self._base + int(start))
+                chunk = fh.read(int(length))
+            if zlib.crc32(chunk) != crc:
+                return None
+            value = json.loads(chunk)
+        except (TypeError, KeyError, ValueError, OSError):
             return None
         return value if isinstance(value, dict) else None
 
@@ -86,24 +91,24 @@ def read(path: Path) -> Cache | None:
     """The cache at ``path``, or None when it is absent, corrupt, foreign or of another version."""
     try:
         with open(path, "rb") as fh:
-            if not _trusted(os.fstat(fh.fileno())):
+            st = os.fstat(fh.fileno())
+            if not _trusted(st):
                 return None
-            blob = fh.read()
+            line = fh.readline()  # bodies are read later, only those a request needs
     except OSError:
         return None
-    end = blob.find(b"\n")
     try:
-        header = json.loads(blob[:end] if end >= 0 else b"")
+        header = json.loads(line)
     except ValueError:
         return None
-    if not (isinstance(header, dict) and header.get("magic") == MAGIC
+    if not (line.endswith(b"\n") and isinstance(header, dict) and header.get("magic") == MAGIC
             and header.get("version") == FORMAT_VERSION and isinstance(header.get("files"), dict)
-            and header.get("size") == len(blob) - end - 1):
+            and header.get("size") == st.st_size - len(line)):
         return None
     for item in header["files"].values():
         if not _well_formed(item):
             return None
-    return Cache(header, blob, end + 1)
+    return Cache(header, path, len(line))
 
 
 def _well_formed(item: Any) -> bool:
@@ -132,7 +137,7 @@ def write(path: Path, entries: dict[str, Entry], bodies: dict[str, bytes]) -> bo
             continue
         body = bodies[source] + b"\n"
         files[source] = {"key": list(entry.key), "kind": entry.kind, "names": list(entry.names),
-                         "body": [offset, len(body) - 1]}
+                         "body": [offset, len(body) - 1, zlib.crc32(bodies[source])]}
         chunks.append(body)
         offset += len(body)
     header = {"magic": MAGIC, "version": FORMAT_VERSION, "size": offset, "files": files}

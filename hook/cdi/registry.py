@@ -17,9 +17,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from hook.cdi import cache
+from hook.cdi import cache, schema
 from hook.cdi.edits import ContainerEdits, merge
-from hook.cdi.spec import Device, Spec, document_problems, spec_from_raw, spec_problems
+from hook.cdi.spec import Device, Spec, device_from_raw, spec_from_raw, spec_problems
 from hook.errors import InputError
 
 __all__ = ["DEFAULT_SPEC_DIRS", "Registry"]
@@ -57,6 +57,13 @@ def _parse_file(path: str) -> tuple[cache.Entry, bytes | None]:
     return cache.Entry(key=key, kind=raw["kind"], names=names, body=raw), body
 
 
+def _names(raw: dict[str, Any]) -> tuple[str, ...] | None:
+    try:
+        return tuple(d["name"] for d in raw["devices"])
+    except (KeyError, TypeError):
+        return None
+
+
 class _Devices(Mapping[str, Device]):
     """Qualified name → Device, building a spec's devices only when one of them is looked up."""
 
@@ -65,7 +72,7 @@ class _Devices(Mapping[str, Device]):
 
     def __getitem__(self, name: str) -> Device:
         _priority, path = self._registry._index[name]
-        return self._registry.spec(path).devices_by_name[name]
+        return self._registry.spec(path).device(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._registry._index))
@@ -78,11 +85,27 @@ class _Devices(Mapping[str, Device]):
 
 
 class _LoadedSpec:
-    __slots__ = ("devices_by_name", "spec")
+    """A valid spec's raw body; Devices are built one by one, when first asked for."""
 
-    def __init__(self, spec: Spec) -> None:
-        self.spec = spec
-        self.devices_by_name = {d.qualified_name: d for d in spec.devices}
+    __slots__ = ("_built", "_positions", "priority", "raw", "source", "spec_edits")
+
+    def __init__(self, raw: dict[str, Any], source: str, priority: int) -> None:
+        self.raw, self.source, self.priority = raw, source, priority
+        self.spec_edits = schema.edits_from_raw(raw.get("containerEdits"), source, "containerEdits")
+        prefix = raw["kind"] + "="
+        self._positions = {prefix + d["name"]: i for i, d in enumerate(raw["devices"])}
+        self._built: dict[str, Device] = {}
+
+    def device(self, qualified: str) -> Device:
+        found = self._built.get(qualified)
+        if found is None:
+            found = device_from_raw(self.raw, self._positions[qualified], self.source, self.priority,
+                                    self.spec_edits)
+            self._built[qualified] = found
+        return found
+
+    def full(self) -> Spec:
+        return spec_from_raw(self.raw, self.source, self.priority)
 
 
 class Registry:
@@ -147,16 +170,16 @@ class Registry:
             if entry.error is not None:
                 self._errors.setdefault(path, []).extend(entry.error.split("\n"))
                 continue
-            for name in entry.names:
-                qualified = f"{entry.kind}={name}"
-                old = self._index.get(qualified)
-                if old is None or old[0] < priority:
-                    self._index[qualified] = (priority, path)
-                elif old[0] == priority:
+            prefix = entry.kind + "="
+            qualified_names = [prefix + name for name in entry.names]
+            for qualified in sorted(self._index.keys() & qualified_names):  # usually none: stay in C
+                old = self._index[qualified]
+                if old[0] == priority:
                     line = f"conflicting device {qualified!r} (specs {old[1]!r}, {path!r})"
                     self._errors.setdefault(old[1], []).append(line)
                     self._errors.setdefault(path, []).append(line)
                     conflicts[qualified] = priority
+            self._index.update(dict.fromkeys(qualified_names, (priority, path)))
         for qualified, priority in conflicts.items():
             if self._index[qualified][0] == priority:
                 del self._index[qualified]
@@ -175,19 +198,16 @@ class Registry:
         loaded = self._specs.get(path)
         if loaded is None:
             priority, entry = self._entries[path]
-            loaded = _LoadedSpec(spec_from_raw(self._raw_body(path, entry), path, priority))
+            loaded = _LoadedSpec(self._raw_body(path, entry), path, priority)
             self._specs[path] = loaded
         return loaded
 
     def _raw_body(self, path: str, entry: cache.Entry) -> dict[str, Any]:
         if entry.body is not None:
             return entry.body
-        raw = None if self._cached is None else self._cached.body(path)
-        if raw is not None:
-            raw, _problems = document_problems(raw, path)  # a cached body is re-checked, not trusted
-            if raw is not None and raw["kind"] == entry.kind and [d["name"] for d in raw["devices"]] == list(
-                    entry.names):
-                return raw
+        raw = None if self._cached is None else self._cached.body(path)  # CRC-checked
+        if raw is not None and raw.get("kind") == entry.kind and _names(raw) == entry.names:
+            return raw
         fresh, _body = _parse_file(path)  # cache body unusable: parse the file itself
         if fresh.body is None or fresh.kind != entry.kind or fresh.names != entry.names:
             raise InputError(path, "", "spec changed while loading; run again")

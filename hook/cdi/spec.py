@@ -19,7 +19,8 @@ from hook.cdi.edits import HOOK_STAGES, ContainerEdits
 from hook.errors import InputError
 
 __all__ = ["SpecError", "Spec", "Device", "decode", "validate_raw", "parse_spec", "spec_problems",
-           "document_problems", "spec_from_raw"]
+           "document_problems", "spec_from_raw",
+           "device_from_raw"]
 
 
 class SpecError(InputError):
@@ -284,13 +285,18 @@ def spec_from_raw(raw: dict[str, Any], source: str, priority: int) -> Spec:
     """Build the frozen Spec from an already checked raw spec (from ``validate_raw`` or the cache)."""
     kind = raw["kind"]
     spec_edits = schema.edits_from_raw(raw.get("containerEdits"), source, "containerEdits")
-    devices = tuple(
-        Device(name=d["name"], kind=kind, source=source, priority=priority,
-               annotations=dict(d.get("annotations", {})), spec_edits=spec_edits,
-               edits=schema.edits_from_raw(d["containerEdits"], source, f"devices[{i}].containerEdits"))
-        for i, d in enumerate(raw["devices"]))
+    devices = tuple(device_from_raw(raw, i, source, priority, spec_edits) for i in range(len(raw["devices"])))
     return Spec(source=source, priority=priority, version=raw["cdiVersion"], kind=kind,
                 annotations=dict(raw.get("annotations", {})), edits=spec_edits, devices=devices)
+
+
+def device_from_raw(raw: dict[str, Any], index: int, source: str, priority: int,
+                    spec_edits: ContainerEdits) -> Device:
+    """Build one Device of a checked raw spec (the registry builds only the devices asked for)."""
+    d = raw["devices"][index]
+    edits = schema.edits_from_raw(d["containerEdits"], source, f"devices[{index}].containerEdits")
+    return Device(name=d["name"], kind=raw["kind"], source=source, priority=priority,
+                  annotations=dict(d.get("annotations", {})), spec_edits=spec_edits, edits=edits)
 
 
 def parse_spec(data: bytes, source: str, priority: int) -> Spec:
