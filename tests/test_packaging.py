@@ -166,6 +166,7 @@ def test_deb_contents(deb: Path) -> None:
         "/etc/oci-device-hook/config.yaml",
         "/etc/logrotate.d/oci-device-hook",
         "/usr/share/doc/oci-device-hook/copyright",
+        "/usr/share/doc/oci-device-hook/operators.md",
         "/usr/share/doc/oci-device-hook/engines/README.md",
         "/usr/share/doc/oci-device-hook/kubernetes/daemonset.yaml",
     ):
