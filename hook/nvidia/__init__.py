@@ -1,5 +1,5 @@
 """NVIDIA host knowledge: inventory (procfs, mig-minors, NVML), ID resolution and device nodes.
 
-Rule: pure modules (``model``, ``migminors``, ``ids``, ``nodes``) never touch the host; the
+Rule: pure modules (``model``, ``snapshot``, ``migminors``, ``ids``, ``nodes``) never touch the host; the
 I/O modules (``procfs``, ``nvml``, ``inventory``, ``hostcheck``, ``commands``) only read it.
 """

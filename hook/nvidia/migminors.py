@@ -56,11 +56,13 @@ class MigMinors:
 
     @property
     def gi(self) -> dict[tuple[int, int], int]:
-        return {key: minor for name, minor in self.by_name.items() if len(key := cap_key(name)) == 2}
+        keys = ((cap_key(name), minor) for name, minor in self.by_name.items())
+        return {(k[0], k[1]): minor for k, minor in keys if len(k) == 2}
 
     @property
     def ci(self) -> dict[tuple[int, int, int], int]:
-        return {key: minor for name, minor in self.by_name.items() if len(key := cap_key(name)) == 3}
+        keys = ((cap_key(name), minor) for name, minor in self.by_name.items())
+        return {(k[0], k[1], k[2]): minor for k, minor in keys if len(k) == 3}
 
     def names(self) -> Mapping[str, int]:
         return self.by_name
@@ -119,7 +121,7 @@ def parse_mig_minors(text: str, source: str = MIG_MINORS_PATH) -> MigMinors:
     """
     fast = _VALID_LINE.findall(text)
     if len(fast) == text.count("\n") + (not text.endswith("\n")):  # every line valid (no blank ones)
-        pairs, warnings = [(name, minor, 0) for name, minor in fast], []
+        pairs, warnings = [(name, minor, 0) for name, minor in fast], list[str]()
     else:
         pairs, warnings = _slow_parse(text, source)
     by_name = dict(zip([p[0] for p in pairs], map(int, [p[1] for p in pairs]), strict=True))
@@ -156,14 +158,14 @@ def build_cap_table(
     if dev_caps:
         by_minor = {minor: name for name, minor in minors.by_name.items() if minor in dev_caps}
         for minor, node in dev_caps.items():
-            name = by_minor.get(minor)
-            if name is not None and name not in found:
-                found[name] = node
+            listed = by_minor.get(minor)
+            if listed is not None and listed not in found:
+                found[listed] = node
     keyed = {cap_key(name): node for name, node in found.items()}
     table = CapTable(
         config=found.get("config"),
         monitor=found.get("monitor"),
-        gi={key: node for key, node in keyed.items() if len(key) == 2},
-        ci={key: node for key, node in keyed.items() if len(key) == 3},
+        gi={(k[0], k[1]): node for k, node in keyed.items() if len(k) == 2},
+        ci={(k[0], k[1], k[2]): node for k, node in keyed.items() if len(k) == 3},
     )
     return table, tuple(warnings)

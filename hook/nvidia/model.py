@@ -37,7 +37,7 @@ class CapNode:
     gid: int = 0
 
 
-def _frozen(mapping: Mapping | None) -> Mapping:
+def _frozen(mapping: Mapping[Any, CapNode] | None) -> Mapping[Any, CapNode]:
     return MappingProxyType(dict(sorted((mapping or {}).items())))
 
 
