@@ -298,10 +298,11 @@ def test_other_stages_are_no_ops(stage: str) -> None:
     assert (res.returncode, res.stdout, res.stderr) == (0, b"", b"")
 
 
-def test_unknown_stage_is_usage_error() -> None:
+def test_unknown_stage_is_a_no_op_with_a_note() -> None:
+    """interface.md: any other stage is a no-op with exit 0 (a future OCI stage must not break starts)."""
     res = hook_live(b"{}", "prestop")
-    assert res.returncode == 2
-    assert res.stderr == b"hook: unknown stage 'prestop' (expected prestart or createRuntime)\n"
+    assert res.returncode == 0
+    assert res.stderr == b"oci-device-hook: stage 'prestop' is not prestart/createRuntime: nothing to do\n"
 
 
 @pytest.mark.parametrize("stage", ["prestart", "createRuntime"])
