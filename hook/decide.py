@@ -196,6 +196,7 @@ def decide(inputs: Inputs) -> Plan:
             warnings.append(
                 f"audit: would deny {len(deny_rules)} accelerator node(s) outside {_allocation_names(reqs)}"
             )
+            remove = []  # audit changes nothing: the removals are part of what it only reports
         else:
             rules += deny_rules
     if not (rules or create or remove):
