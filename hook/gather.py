@@ -150,6 +150,7 @@ class _Resolver:
 
     def nvidia(self, req: DeviceRequest) -> tuple[Grant, ...]:
         name = f"{self.settings.default_cdi_kind}={req.value}"
+        self.specific_mig |= _is_mig_id(req.value)  # also when the CDI spec, not the inventory, resolves it
         if self.opts.spec_dirs and name in self.registry().devices:
             return self.cdi([name])
         from hook.nvidia.ids import resolve
@@ -194,6 +195,8 @@ class _Resolver:
         cdi_names = [r.value for r in items if r.kind is Kind.CDI]
         if cdi_names:
             self.registry().resolve_devices(cdi_names)  # one error naming every unresolvable device
+        kind = self.settings.default_cdi_kind + "="
+        self.specific_mig |= any(n.startswith(kind) and _is_mig_id(n[len(kind) :]) for n in cdi_names)
         handlers: dict[Kind, Callable[[DeviceRequest], tuple[Grant, ...]]] = {
             Kind.CDI: lambda r: self.cdi([r.value]),
             Kind.NVIDIA: self.nvidia,
@@ -204,6 +207,12 @@ class _Resolver:
             Kind.IMEX: self.imex,
         }
         return {r: handlers[r.kind](r) for r in items}
+
+
+def _is_mig_id(value: str) -> bool:
+    """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (nvidia-toolkit.md §1.3)."""
+    gpu, sep, mig = value.partition(":")
+    return value.upper().startswith("MIG-") or (bool(sep) and gpu.isdigit() and mig.isdigit())
 
 
 def _host_node(driver_root: Path, path: str, source: str) -> Node:
