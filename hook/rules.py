@@ -209,7 +209,7 @@ def normalize(rules: Sequence[Rule]) -> tuple[Rule, ...]:
     fixed point: normalizing it again returns it unchanged.
     """
     current = list(rules)
-    for _ in range(len(current) + 1):  # each round that changes anything drops a bit or a rule
+    for _ in range(len(current) + 1):  # bounded: a later round only drops, merges or re-sorts
         nxt = _merge_neighbours(_sorted(_drop_shadowed(current)))
         if nxt == current:
             break

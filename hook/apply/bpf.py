@@ -25,10 +25,13 @@ relative and stay inside it; the verifier already proved it reads no register it
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hook.rules import Access, DeviceType, Rule, normalize
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "Insn",
