@@ -203,8 +203,9 @@ def doctor(ctx: click.Context, hooks_dirs: tuple[Path, ...], **kw: Any) -> None:
 def run(argv: list[str]) -> int:
     """Run the CLI and translate every outcome to the contract's exit codes."""
     try:
-        cli.main(args=argv, prog_name="hook", standalone_mode=False)
-        return 0
+        # standalone_mode=False: click returns an Exit's code instead of raising it
+        code = cli.main(args=argv, prog_name="hook", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
