@@ -1,0 +1,61 @@
+"""Style anchors, checkable rule 1: the functional core imports no I/O, and only the shell prints or exits."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+HOOK = Path(__file__).resolve().parents[1] / "hook"
+CORE = ("decide.py", "requests.py", "plan.py", "rules.py", "report.py", "specwriter.py", "cdi/names.py")
+FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
+SHELL = {"cli.py", "entry.py", "live.py", "__main__.py"}
+
+
+def imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_core_module_imports_no_io(module: str) -> None:
+    names = imports(HOOK / module)
+    assert names, module
+    assert not {n.split(".")[0] for n in names} & FORBIDDEN
+    assert not {n for n in names if n == "hook.apply" or n.startswith("hook.apply.")}
+
+
+def _outputs(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            found.append(f"print() at line {node.lineno}")
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+            and node.attr in ("exit", "stderr", "stdout")
+        ):
+            found.append(f"sys.{node.attr} at line {node.lineno}")
+    return found
+
+
+ALL = sorted(str(p.relative_to(HOOK)) for p in HOOK.rglob("*.py"))
+
+
+@pytest.mark.parametrize("module", [m for m in ALL if m not in SHELL])
+def test_only_the_shell_prints_or_exits(module: str) -> None:
+    assert _outputs(HOOK / module) == []
+
+
+def test_the_scan_sees_the_shell() -> None:
+    assert set(ALL) >= SHELL | set(CORE)
+    assert _outputs(HOOK / "entry.py")
+    assert any("sys.exit" in o for o in _outputs(HOOK / "__main__.py"))

@@ -1,0 +1,98 @@
+"""The live fast path: a no-device container is answered by hook.entry alone (no click, yaml, pynvml,
+no decision modules); anything that needs a decision takes the full path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hook.entry import needs_decision
+from tests.bundles import config, gen, state, write_bundle
+
+# The log is stubbed (as module hook.log) so a slow-path run writes nothing outside tmp.
+PROBE = """
+import sys, types
+calls = []
+stub = types.ModuleType("hook.log")
+stub.write_log = lambda record, path, max_bytes=0: calls.append(record["verdict"])
+sys.modules["hook.log"] = stub
+sys.argv = ["hook"]
+from hook.entry import main
+rc = main()
+top = ("click", "yaml", "pynvml", "hook")
+mods = sorted(m for m in sys.modules if m.split(".")[0] in top and m != "hook.log")
+print(mods)
+print(calls)
+print(rc)
+"""
+
+
+def probe(stdin: bytes) -> tuple[list[str], list[str], int]:
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", PROBE], input=stdin, capture_output=True, timeout=60, check=False
+    )
+    assert res.stderr == b"", res.stderr
+    mods, calls, rc = res.stdout.decode().splitlines()
+    return json.loads(mods.replace("'", '"')), json.loads(calls.replace("'", '"')), int(rc)
+
+
+def test_no_device_container_loads_only_the_entry(tmp_path: Path) -> None:
+    if Path("/etc/oci-device-hook/config.yaml").exists():
+        pytest.skip("this host has a settings file: the fast path is off by design")
+    bundle = write_bundle(tmp_path / "b", config(["LANG=C"], devices=[gen.node("/dev/fuse", 10, 229)]))
+    mods, calls, rc = probe(state(bundle, pid=4242))
+    assert (mods, calls, rc) == (["hook", "hook.entry"], [], 0)
+
+
+def test_decision_needed_takes_the_slow_path(tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path / "b", gen.bundles()["privileged-no-allocation"])
+    mods, calls, rc = probe(state(bundle))
+    assert rc == 0
+    assert calls == ["none"]
+    assert {"hook.decide", "hook.gather", "hook.live", "hook.oci"} <= set(mods)
+    assert not any(m.split(".")[0] in ("click", "pynvml") for m in mods)
+
+
+def test_real_hook_fast_path_exit_0(tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path / "b", config())
+    res = subprocess.run(["hook"], input=state(bundle), capture_output=True, timeout=60, check=False)
+    assert (res.returncode, res.stdout, res.stderr) == (0, b"", b"")
+
+
+def _c(**kw: object) -> dict[str, object]:
+    return config(**kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "annotations", "needed"),
+    [
+        pytest.param(_c(), {}, False, id="cpu"),
+        pytest.param(_c(env=["NVIDIA_VISIBLE_DEVICES=void"]), {}, False, id="env-void"),
+        pytest.param(_c(env=["NVIDIA_VISIBLE_DEVICES="]), {}, False, id="env-empty"),
+        pytest.param(_c(env=["NVIDIA_VISIBLE_DEVICES=none"]), {}, True, id="env-none"),
+        pytest.param(_c(env=["NVIDIA_VISIBLE_DEVICES=0"]), {}, True, id="env-index"),
+        pytest.param(_c(env=["NVIDIA_MIG_MONITOR_DEVICES=all"]), {}, True, id="mig-env"),
+        pytest.param(_c(privileged=True), {}, True, id="privileged-allow-all"),
+        pytest.param(
+            _c(devices=[gen.node("/dev/null", 1, 3), gen.node("/dev/fuse", 10, 229)]),
+            {},
+            False,
+            id="plain-nodes",
+        ),
+        pytest.param(_c(devices=[gen.node("/dev/nvidia0", 195, 0)]), {}, True, id="gpu-node"),
+        pytest.param(_c(), {"cdi.k8s.io/x": "nvidia.com/gpu=0"}, True, id="state-cdi-annotation"),
+        pytest.param(_c(annotations={"cdi.k8s.io/x": "a/b=c"}), {}, True, id="config-cdi-annotation"),
+        pytest.param(
+            _c(mounts=[{"destination": "/var/run/nvidia-container-devices/0", "source": "/dev/null"}]),
+            {},
+            True,
+            id="volume-mount",
+        ),
+    ],
+)
+def test_needs_decision(cfg: dict[str, object], annotations: dict[str, str], needed: bool) -> None:
+    assert needs_decision(cfg, annotations) is needed
