@@ -1,0 +1,107 @@
+"""The committed examples give their documented verdicts through the real ``hook --bundle``."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.bundles import EXAMPLES, MIG_UUID, SLICE_UUID, hook_cli, node_args
+
+EXPECTED = {
+    "slice-privileged": ("apply", f"narrowed a privileged container to its plugin allocation {SLICE_UUID}"),
+    "mig-privileged": (
+        "apply",
+        f"narrowed a privileged container to its plugin allocation nvidia.com/gpu={MIG_UUID}",
+    ),
+    "device-plugin-seed001": ("apply", "allowed 1 and created 1 node(s) it requested"),
+    "cpu": ("none", "no device requested"),
+    "privileged-no-allocation": (
+        "none",
+        "privileged container without a plugin allocation: all devices on purpose, left alone",
+    ),
+}
+
+
+def run_example(name: str, tmp: Path, fmt: str, *extra: str) -> tuple[int, str, str]:
+    root = tmp / "root"
+    root.mkdir(exist_ok=True)
+    res = hook_cli("--bundle", str(EXAMPLES / name), *node_args(root), "--format", fmt, *extra)
+    return res.returncode, res.stdout, res.stderr
+
+
+def test_every_example_is_covered() -> None:
+    assert {p.parent.name for p in EXAMPLES.glob("*/config.json")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_example_verdict_json(name: str, tmp_path: Path) -> None:
+    rc, out, err = run_example(name, tmp_path, "json")
+    assert (rc, err) == (0, "")
+    report = json.loads(out)
+    verdict, reason = EXPECTED[name]
+    assert report["verdict"] == verdict
+    assert report["reason"].startswith(reason)
+    assert report["container"]["id"] == name
+    assert set(report) >= {
+        "verdict",
+        "reason",
+        "container",
+        "requests",
+        "plugin_allocation",
+        "cgroup",
+        "nodes",
+        "warnings",
+    }
+
+
+def test_seed001_example_exactly_the_monitor_cap(tmp_path: Path) -> None:
+    report = json.loads(run_example("device-plugin-seed001", tmp_path, "json")[1])
+    assert report["cgroup"] == [{"access": "r", "allow": True, "major": 237, "minor": 2, "type": "c"}]
+    assert report["nodes"] == {
+        "create": [
+            {
+                "fileMode": 292,
+                "gid": 0,
+                "major": 237,
+                "minor": 2,
+                "path": "/dev/nvidia-caps/nvidia-cap2",
+                "type": "c",
+                "uid": 0,
+            }
+        ],
+        "remove": [],
+    }
+
+
+def test_slice_example_keeps_only_nvidia1(tmp_path: Path) -> None:
+    report = json.loads(run_example("slice-privileged", tmp_path, "json")[1])
+    gpus = {f"/dev/nvidia{i}" for i in range(8)}
+    assert gpus - set(report["nodes"]["remove"]) == {"/dev/nvidia1"}
+    denied = {(r["major"], r["minor"]) for r in report["cgroup"] if not r["allow"]}
+    assert {(195, i) for i in range(8)} - denied == {(195, 1)}
+    assert all(not r["allow"] for r in report["cgroup"])
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_example_text_renders(name: str, tmp_path: Path) -> None:
+    rc, out, err = run_example(name, tmp_path, "text")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert re.match(rf"^container {re.escape(name)}( \[.*\])?$", lines[0])
+    assert lines[1] == f"verdict:  {EXPECTED[name][0]}"
+    assert lines[2].startswith(f"why:      {EXPECTED[name][1]}")
+
+
+def test_output_config_folds_the_slice_decision(tmp_path: Path) -> None:
+    out = tmp_path / "config.out.json"
+    rc, _, err = run_example("slice-privileged", tmp_path, "json", "--output-config", str(out))
+    assert (rc, err) == (0, "")
+    folded = json.loads(out.read_text())
+    paths = [d["path"] for d in folded["linux"]["devices"]]
+    assert [p for p in paths if re.match(r"^/dev/nvidia[0-9]+$", p)] == ["/dev/nvidia1"]
+    rules = folded["linux"]["resources"]["devices"]
+    assert rules[0] == {"allow": True, "access": "rwm"}
+    assert {(r["major"], r["minor"]) for r in rules[1:] if not r["allow"]} >= {(195, 0), (195, 7), (237, 2)}
