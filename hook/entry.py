@@ -1,13 +1,14 @@
 """Console entry: the live hook a runtime runs for every container, and the door to the CLI.
 
-Rule: this module is on every container's start path, so at import it pulls in only ``json``,
-``os`` and ``sys``. A container that asks for no device and is not widened is answered from
-the raw JSON here; everything else (dataclasses, yaml, click, pynvml) loads only when needed.
+Rule: this module is on every container's start path, so at import it pulls in only ``os`` and
+``sys``. A container that asks for no device and is not widened is answered from the raw JSON
+here, decoded by ``json``'s own C scanner (``_loads``: importing the ``json`` package would pull
+in ``re``, ``enum`` and ``functools``, most of the fast path's cost); everything else
+(dataclasses, yaml, click, pynvml) loads only when needed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -65,6 +66,52 @@ def _split(argv: list[str]) -> tuple[dict[str, list[str]], list[str]] | None:
     return opts, positional
 
 
+class _Defaults:
+    """What ``_json.make_scanner`` reads from its context: exactly ``json.JSONDecoder()``'s defaults."""
+
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+    strict = True
+    memo: dict = {}
+
+
+_JSON_WS = " \t\n\r"  # json.decoder.WHITESPACE
+_OTHER_ENCODING = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")  # BOMs json.detect_encoding honours
+_scanner: list = []  # [scan_once] once built; [None] where this Python has no _json
+
+
+def _loads(data: bytes) -> object:
+    """``json.loads(data)`` (same value, a ValueError where it fails) without importing ``json``.
+
+    UTF-8 input goes through the C scanner ``json.loads`` itself uses, set up as its default
+    decoder. Whatever ``json.detect_encoding`` might read as another encoding (a BOM, a NUL in the
+    first four bytes), or a Python without ``_json``, is handed to ``json.loads`` itself.
+    """
+    if not _scanner:
+        try:
+            from _json import make_scanner
+        except ImportError:
+            _scanner.append(None)
+        else:
+            _scanner.append(make_scanner(_Defaults()))
+    scan_once = _scanner[0]
+    if scan_once is None or b"\x00" in data[:4] or data.startswith(_OTHER_ENCODING):
+        import json
+
+        return json.loads(data)
+    text = data.decode("utf-8", "surrogatepass")
+    try:
+        value, end = scan_once(text, len(text) - len(text.lstrip(_JSON_WS)))
+    except StopIteration:
+        raise ValueError("Expecting value") from None
+    if text[end:].lstrip(_JSON_WS):
+        raise ValueError("Extra data")
+    return value
+
+
 def _read(fd_or_path: int | str, limit: int) -> bytes:
     with open(fd_or_path, "rb", closefd=not isinstance(fd_or_path, int)) as f:
         data = f.read(limit + 1)
@@ -93,7 +140,7 @@ def _fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
         if all(not ln or ln.startswith(b"#") or ln == b"---" for ln in lines):
             return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
     try:
-        cached = json.loads(_read(FASTPATH_CACHE, 65536))
+        cached = _loads(_read(FASTPATH_CACHE, 65536))
         if cached["key"] == [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino]:
             return tuple(cached["cdi_annotation_prefixes"]), str(cached["volume_mount_root"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -221,9 +268,9 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
     if len(stdin) > MAX_STATE or fast is None:
         return False
     try:
-        state = json.loads(stdin)
+        state = _loads(stdin)
         bundle = state.get("bundle") or state.get("bundlePath")
-        config = json.loads(_read(os.path.join(bundle, "config.json"), MAX_CONFIG))
+        config = _loads(_read(os.path.join(bundle, "config.json"), MAX_CONFIG))
         annotations = state.get("annotations") or {}
         if (
             not isinstance(config, dict)
