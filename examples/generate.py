@@ -14,20 +14,36 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hook.nvidia.inventory import dumps, load  # noqa: E402
-from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, cap_minor, make_host_tree  # noqa: E402
-from tests.nvidia.fake_pynvml import FakeNvml  # noqa: E402
+from hook.nvidia.inventory import dumps, load
+from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, cap_minor, make_host_tree
+from tests.nvidia.fake_pynvml import FakeNvml
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node"
 SLICE_UUID = "GPU-a158631e-3c5d-6f1e-9b2a-7d4c8e0f1a23"
 MIG_UUID = "MIG-07ad8e7c-0197-5973-bd05-7fcd18ae754e"  # 3g.40gb, GPU 0 GI 1 CI 0
-POD_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-            "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_AUDIT_WRITE"]
-ALL_CAPS = sorted([*POD_CAPS, "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_RAWIO", "CAP_IPC_LOCK"])
-DEFAULT_RULES = [{"allow": False, "access": "rwm"},
-                 {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
-                 {"allow": True, "type": "c", "major": 5, "minor": 0, "access": "rwm"}]
+POD_CAPS = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_MKNOD",
+    "CAP_AUDIT_WRITE",
+]
+ALL_CAPS = sorted(
+    [*POD_CAPS, "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_RAWIO", "CAP_IPC_LOCK"]
+)
+DEFAULT_RULES = [
+    {"allow": False, "access": "rwm"},
+    {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
+    {"allow": True, "type": "c", "major": 5, "minor": 0, "access": "rwm"},
+]
 
 
 def node(path: str, major: int, minor: int, mode: int = 0o666) -> dict[str, object]:
@@ -39,19 +55,30 @@ def gpu_nodes() -> list[dict[str, object]]:
 
 
 def control() -> list[dict[str, object]]:
-    return [node("/dev/nvidiactl", 195, 255), node("/dev/nvidia-uvm", UVM_MAJOR, 0),
-            node("/dev/nvidia-uvm-tools", UVM_MAJOR, 1)]
+    return [
+        node("/dev/nvidiactl", 195, 255),
+        node("/dev/nvidia-uvm", UVM_MAJOR, 0),
+        node("/dev/nvidia-uvm-tools", UVM_MAJOR, 1),
+    ]
 
 
 def cap_nodes() -> list[dict[str, object]]:
     minors = [1, 2] + [cap_minor(0, gi, ci) for gi in (1, 2) for ci in (None, 0)]
-    return [node(f"/dev/nvidia-caps/nvidia-cap{m}", CAPS_MAJOR, m, 0o400 if m == 1 else 0o444) for m in minors]
+    return [
+        node(f"/dev/nvidia-caps/nvidia-cap{m}", CAPS_MAJOR, m, 0o400 if m == 1 else 0o444) for m in minors
+    ]
 
 
 def cdi_spec() -> dict[str, object]:
     def dev(name: str, nodes: list[dict[str, object]]) -> dict[str, object]:
-        return {"name": name, "containerEdits": {"deviceNodes": [
-            {"path": n["path"], "type": "c", "major": n["major"], "minor": n["minor"]} for n in nodes]}}
+        return {
+            "name": name,
+            "containerEdits": {
+                "deviceNodes": [
+                    {"path": n["path"], "type": "c", "major": n["major"], "minor": n["minor"]} for n in nodes
+                ]
+            },
+        }
 
     devices = []
     for i in range(8):
@@ -61,26 +88,47 @@ def cdi_spec() -> dict[str, object]:
             devices.append(dev(uuid, [gpu_nodes()[i]]))
     migs = {"0:0": (1, MIG_UUID), "0:1": (2, "MIG-90825510-8f47-5052-8e15-ead851500769")}
     for name, (gi, uuid) in migs.items():
-        caps = [node(f"/dev/nvidia-caps/nvidia-cap{m}", CAPS_MAJOR, m) for m in (cap_minor(0, gi), cap_minor(0, gi, 0))]
+        caps = [
+            node(f"/dev/nvidia-caps/nvidia-cap{m}", CAPS_MAJOR, m)
+            for m in (cap_minor(0, gi), cap_minor(0, gi, 0))
+        ]
         devices += [dev(name, [gpu_nodes()[0], *caps]), dev(uuid, [gpu_nodes()[0], *caps])]
     devices.append(dev("all", gpu_nodes() + [n for n in cap_nodes() if n["minor"] > 2]))
     ctl = [{"path": n["path"], "type": "c", "major": n["major"], "minor": n["minor"]} for n in control()]
-    return {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,
-            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "deviceNodes": ctl}}
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": devices,
+        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "deviceNodes": ctl},
+    }
 
 
-def config(env: list[str], *, privileged: bool, caps: list[str], devices: list[dict[str, object]],
-           rules: list[dict[str, object]], annotations: dict[str, str] | None = None,
-           mounts: list[dict[str, object]] | None = None) -> dict[str, object]:
+def config(
+    env: list[str],
+    *,
+    privileged: bool,
+    caps: list[str],
+    devices: list[dict[str, object]],
+    rules: list[dict[str, object]],
+    annotations: dict[str, str] | None = None,
+    mounts: list[dict[str, object]] | None = None,
+) -> dict[str, object]:
     return {
         "ociVersion": "1.1.0",
-        "process": {"args": ["sh"], "cwd": "/", "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env],
-                    "capabilities": {k: caps for k in ("bounding", "effective", "permitted")}},
+        "process": {
+            "args": ["sh"],
+            "cwd": "/",
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env],
+            "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
+        },
         "root": {"path": "rootfs"},
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *(mounts or [])],
         "annotations": {"io.kubernetes.cri.container-type": "container", **(annotations or {})},
-        "linux": {"devices": devices, "resources": {"devices": rules},
-                  "namespaces": [{"type": "pid"}, {"type": "mount"}]},
+        "linux": {
+            "devices": devices,
+            "resources": {"devices": rules},
+            "namespaces": [{"type": "pid"}, {"type": "mount"}],
+        },
     }
 
 
@@ -90,24 +138,46 @@ def host_devices() -> list[dict[str, object]]:
 
 def bundles() -> dict[str, dict[str, object]]:
     allow_all = [{"allow": True, "access": "rwm"}]
-    specific = [{"allow": True, "type": "c", "major": n["major"], "minor": n["minor"], "access": "rwm"}
-                for n in gpu_nodes() + control() + cap_nodes()[2:]]
+    specific = [
+        {"allow": True, "type": "c", "major": n["major"], "minor": n["minor"], "access": "rwm"}
+        for n in gpu_nodes() + control() + cap_nodes()[2:]
+    ]
     return {
         "slice-privileged": config(
-            [f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}", "CUDA_DEVICE_MEMORY_LIMIT_0=40779m", "CUDA_DEVICE_SM_LIMIT=50"],
-            privileged=True, caps=ALL_CAPS, devices=host_devices(), rules=allow_all),
-        "mig-privileged": config(
-            [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID}"], privileged=True, caps=ALL_CAPS, devices=host_devices(),
+            [
+                f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}",
+                "CUDA_DEVICE_MEMORY_LIMIT_0=40779m",
+                "CUDA_DEVICE_SM_LIMIT=50",
+            ],
+            privileged=True,
+            caps=ALL_CAPS,
+            devices=host_devices(),
             rules=allow_all,
-            annotations={f"cdi.k8s.io/nvidia-device-plugin_{MIG_UUID[4:]}": f"nvidia.com/gpu={MIG_UUID}"}),
+        ),
+        "mig-privileged": config(
+            [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID}"],
+            privileged=True,
+            caps=ALL_CAPS,
+            devices=host_devices(),
+            rules=allow_all,
+            annotations={f"cdi.k8s.io/nvidia-device-plugin_{MIG_UUID[4:]}": f"nvidia.com/gpu={MIG_UUID}"},
+        ),
         "device-plugin-seed001": config(
-            ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "MIG_STRATEGY=mixed",
-             "NVIDIA_MIG_MONITOR_DEVICES=all"],
-            privileged=False, caps=sorted([*POD_CAPS, "CAP_SYS_ADMIN"]),
-            devices=gpu_nodes() + control() + cap_nodes()[2:], rules=DEFAULT_RULES + specific),
+            [
+                "NVIDIA_VISIBLE_DEVICES=all",
+                "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+                "MIG_STRATEGY=mixed",
+                "NVIDIA_MIG_MONITOR_DEVICES=all",
+            ],
+            privileged=False,
+            caps=sorted([*POD_CAPS, "CAP_SYS_ADMIN"]),
+            devices=gpu_nodes() + control() + cap_nodes()[2:],
+            rules=DEFAULT_RULES + specific,
+        ),
         "cpu": config([], privileged=False, caps=POD_CAPS, devices=[], rules=DEFAULT_RULES),
-        "privileged-no-allocation": config([], privileged=True, caps=ALL_CAPS, devices=host_devices(),
-                                           rules=allow_all),
+        "privileged-no-allocation": config(
+            [], privileged=True, caps=ALL_CAPS, devices=host_devices(), rules=allow_all
+        ),
     }
 
 

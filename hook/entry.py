@@ -292,11 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv)
     opts, positional = parsed
     stage = positional[0] if positional else "prestart"
-    if stage in OTHER_STAGES:
-        return 0
     if stage not in LIVE_STAGES:  # interface.md: any other stage is a no-op (forward compatible)
         if stage not in OTHER_STAGES:
-            sys.stderr.write(f"oci-device-hook: stage {stage!r} is not prestart/createRuntime: nothing to do\n")
+            sys.stderr.write(f"oci-device-hook: stage {stage!r} is not prestart/createRuntime: no-op\n")
         return 0
     try:
         stdin = _read(0, MAX_STATE * 2)

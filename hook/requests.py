@@ -244,9 +244,8 @@ def collect(
     corroboration = _corroborated(config, settings, bool(allocs))
     env = _from_env(config, settings, privileged, corroboration)
     if env and (granting or checkpoint):
-        warnings.append(
-            f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {(checkpoint or granting)[0].source}"
-        )
+        origin = (checkpoint or granting)[0].source
+        warnings.append(f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {origin}")
         env = []
     elif env and not privileged and not corroboration and not settings.accept_envvar_when_unprivileged:
         warnings.append(

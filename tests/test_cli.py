@@ -302,7 +302,7 @@ def test_unknown_stage_is_a_no_op_with_a_note() -> None:
     """interface.md: any other stage is a no-op with exit 0 (a future OCI stage must not break starts)."""
     res = hook_live(b"{}", "prestop")
     assert res.returncode == 0
-    assert res.stderr == b"oci-device-hook: stage 'prestop' is not prestart/createRuntime: nothing to do\n"
+    assert res.stderr == b"oci-device-hook: stage 'prestop' is not prestart/createRuntime: no-op\n"
 
 
 @pytest.mark.parametrize("stage", ["prestart", "createRuntime"])
