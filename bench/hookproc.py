@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
         "modules": len(sys.modules),
         "new_modules": len(loaded),
         "hook_modules": [m for m in loaded if m == "hook" or m.startswith("hook.")],
+        "heavy_stdlib": [m for m in ("json", "re", "enum", "dataclasses", "pathlib") if m in loaded],
     }
     import json  # only now: the measured run must not find it preloaded
 
