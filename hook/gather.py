@@ -118,7 +118,8 @@ class _Resolver:
             from hook.nvidia.inventory import load
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
-            need_migs = any(r.kind is Kind.NVIDIA for r in self.requests.items)
+            # MIG UUIDs and NVML's G:M order are the only facts /proc lacks; "all" and GPU IDs don't need them.
+            need_migs = any(r.kind is Kind.NVIDIA and _names_mig(r.value) for r in self.requests.items)
             self._inventory = load(self.opts.driver_root, self.opts.inventory_file, cache, need_migs)
         return self._inventory
 
@@ -213,6 +214,10 @@ def _is_mig_id(value: str) -> bool:
     """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (nvidia-toolkit.md §1.3)."""
     gpu, sep, mig = value.partition(":")
     return value.upper().startswith("MIG-") or (bool(sep) and gpu.isdigit() and mig.isdigit())
+
+
+def _names_mig(token: str) -> bool:
+    return token.upper().startswith("MIG-") or ":" in token
 
 
 def _host_node(driver_root: Path, path: str, source: str) -> Node:

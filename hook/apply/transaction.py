@@ -52,11 +52,10 @@ def cgroup_adapter(target: locate.CgroupTarget) -> DeviceCgroup:
 
 
 def _program_ids(applied: Any) -> dict[str, Any]:
-    """The v2 writer's program ids, if its result carries them (v1 has none)."""
-    ids = getattr(applied, "program_ids", None)
-    if isinstance(ids, dict):
-        return dict(ids)
-    return {"attached": list(ids)} if ids else {}
+    """The v2 writer's program ids for the log: what it replaced, what is attached now (v1 has none)."""
+    if not hasattr(applied, "new_ids"):
+        return {}
+    return {"replaced": list(applied.old_ids), "attached": list(applied.new_ids), "changed": applied.changed}
 
 
 def _fail(step: str, exc: Exception, undos: list[tuple[str, Callable[[], None]]]) -> ApplyError:

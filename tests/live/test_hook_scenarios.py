@@ -127,6 +127,9 @@ def test_seed000_slice_pod_is_narrowed_to_its_card(
     }
     record = json.loads(host["log"].read_text().splitlines()[-1])
     assert record["verdict"] == "apply" and record["cgroup_version"] == (2 if cgroup2 else 1)
+    if cgroup2:  # runc's own program was replaced by ours (which falls through to it)
+        ids = record["program_ids"]
+        assert ids["changed"] is True and len(ids["replaced"]) == 1 and ids["attached"] != ids["replaced"]
 
 
 @pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
@@ -206,3 +209,25 @@ def test_plain_container_is_untouched(bundle_dir: Path, host: dict[str, Path], c
     res = run_container(b, cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     assert parse_probe(res.stdout) == {"/dev/null": "OK", "/dev/nvidia0": "ENOENT"}
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_running_the_hook_twice_changes_nothing_more(
+    bundle_dir: Path, host: dict[str, Path], cgroup2: bool
+) -> None:
+    """Two registrations of the same hook (e.g. hooks.d plus a base spec) narrow exactly once."""
+    b = privileged(
+        bundle_dir,
+        host,
+        [f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}", "CUDA_DEVICE_MEMORY_LIMIT_0=40779m"],
+        ["/dev/nvidia1", "/dev/nvidia0", "/tmp/n0"],
+        mknods=[("/tmp/n0", 195, 0)],
+    )
+    b.config["hooks"]["prestart"] *= 2
+    res = run_container(b.write(), cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    assert parse_probe(res.stdout) == {"/dev/nvidia1": "ENXIO", "/dev/nvidia0": "ENOENT", "/tmp/n0": "EPERM"}
+    first, second = (json.loads(line) for line in host["log"].read_text().splitlines()[-2:])
+    assert first["cgroup"] == second["cgroup"]
+    if cgroup2:  # the second run finds its own program (same rule digest) and attaches nothing new
+        assert second["program_ids"] == {**second["program_ids"], "changed": False}
