@@ -8,8 +8,6 @@ warning and carries on with the other evidence. ``AllocResp`` is the plugin's ow
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,6 +99,9 @@ def _entry(e: object, source: str, i: int) -> Allocation:
     devices: list[tuple[str, str]] = []
     cdi: list[str] = []
     if e.get("AllocResp"):
+        import base64
+        import binascii
+
         try:
             envs, devices, cdi = _decode_alloc_resp(base64.b64decode(e["AllocResp"], validate=True))
         except (ValueError, binascii.Error, UnicodeDecodeError, TypeError) as exc:

@@ -113,13 +113,23 @@ class _Resolver:
             self._registry = Registry.load(list(self.opts.spec_dirs), cache)
         return self._registry
 
+    def has_specs(self) -> bool:
+        """Whether any spec dir holds a spec file: spares importing the CDI engine on CDI-less nodes."""
+        for d in self.opts.spec_dirs:
+            try:
+                if any(e.name.endswith((".json", ".yaml")) for e in os.scandir(d)):
+                    return True
+            except OSError:
+                continue
+        return False
+
     def inventory(self) -> Inventory:
         if self._inventory is None:
             from hook.nvidia.inventory import load
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
-            # MIG UUIDs and NVML's G:M order are the only facts /proc lacks; "all" and GPU IDs don't need them.
-            need_migs = any(r.kind is Kind.NVIDIA and _names_mig(r.value) for r in self.requests.items)
+            # MIG UUIDs and NVML's G:M order are what /proc lacks; "all" and GPU IDs don't need them.
+            need_migs = any(r.kind is Kind.NVIDIA and _is_mig_id(r.value) for r in self.requests.items)
             self._inventory = load(self.opts.driver_root, self.opts.inventory_file, cache, need_migs)
         return self._inventory
 
@@ -152,7 +162,7 @@ class _Resolver:
     def nvidia(self, req: DeviceRequest) -> tuple[Grant, ...]:
         name = f"{self.settings.default_cdi_kind}={req.value}"
         self.specific_mig |= _is_mig_id(req.value)  # also when the CDI spec, not the inventory, resolves it
-        if self.opts.spec_dirs and name in self.registry().devices:
+        if self.has_specs() and name in self.registry().devices:
             return self.cdi([name])
         from hook.nvidia.ids import resolve
         from hook.nvidia.model import MigDevice
@@ -214,10 +224,6 @@ def _is_mig_id(value: str) -> bool:
     """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (nvidia-toolkit.md §1.3)."""
     gpu, sep, mig = value.partition(":")
     return value.upper().startswith("MIG-") or (bool(sep) and gpu.isdigit() and mig.isdigit())
-
-
-def _names_mig(token: str) -> bool:
-    return token.upper().startswith("MIG-") or ":" in token
 
 
 def _host_node(driver_root: Path, path: str, source: str) -> Node:

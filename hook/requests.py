@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -91,12 +92,22 @@ def has_sys_admin(config: OciConfig) -> bool:
     return "CAP_SYS_ADMIN" in config.bounding
 
 
+_MATCHERS: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def _matcher(patterns: Mapping[str, tuple[str, ...]]) -> re.Pattern[str]:
+    """All vendors' globs as one compiled regex (one compile per process, not one per glob)."""
+    key = tuple(p for pats in patterns.values() for p in pats)
+    if key not in _MATCHERS:
+        _MATCHERS[key] = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in key) or "(?!)")
+    return _MATCHERS[key]
+
+
 def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
     clean = posixpath.normpath(path)
     if not clean.startswith("/dev/"):
         return False
-    rel = clean[len("/dev/") :]
-    return any(fnmatch.fnmatchcase(rel, p) for pats in patterns.values() for p in pats)
+    return _matcher(patterns).match(clean[len("/dev/") :]) is not None
 
 
 def split_ids(value: str) -> tuple[str, ...]:

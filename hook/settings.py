@@ -141,7 +141,11 @@ def parse_settings(obj: Any, source: str) -> Settings:
 
 
 def load_settings(path: Path, *, required: bool = False) -> Settings:
-    """Read and validate the settings file; a missing default file means defaults."""
+    """Read and validate the settings file; a missing default file means defaults.
+
+    The live hook compiles a custom file into ``FASTPATH_CACHE`` (see ``remember_for_fast_path``),
+    so a later container reads that JSON instead of importing yaml; a stale entry is ignored.
+    """
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -150,6 +154,9 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
         return Settings()
     except OSError as exc:
         raise InputError(str(path), "", exc.strerror or str(exc)) from None
+    compiled = _compiled(path)
+    if compiled is not None:
+        return parse_settings(compiled, str(path))
     import yaml  # only containers that reach the slow path pay for it
 
     try:
@@ -159,6 +166,41 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
         where = f"line {mark.line + 1}" if mark else ""
         raise InputError(str(path), where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
     return parse_settings(obj, str(path))
+
+
+def _identity(path: Path) -> list[object]:
+    import os
+
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _compiled(path: Path) -> dict[str, object] | None:
+    """The settings document compiled from this very file (same identity), or None."""
+    import json
+
+    try:
+        record = json.loads(FASTPATH_CACHE.read_bytes())
+        if record["key"] == _identity(path) and isinstance(record["settings"], dict):
+            return record["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _document(settings: Settings) -> dict[str, object]:
+    """Settings back as a document ``parse_settings`` accepts (JSON types only)."""
+    doc: dict[str, object] = {}
+    for f in fields(Settings):
+        value = getattr(settings, f.name)
+        if isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, Mapping):
+            value = {k: list(v) for k, v in value.items()}
+        elif isinstance(value, StrEnum):
+            value = value.value
+        doc[f.name] = value
+    return doc
 
 
 FASTPATH_CACHE = Path("/run/oci-device-hook/fastpath.json")
@@ -174,11 +216,11 @@ def remember_for_fast_path(path: Path, settings: Settings, target: Path | None =
 
     target = target or FASTPATH_CACHE
     try:
-        st = os.stat(path)
         record = {
-            "key": [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino],
+            "key": _identity(path),
             "cdi_annotation_prefixes": list(settings.cdi_annotation_prefixes),
             "volume_mount_root": settings.volume_mount_root,
+            "settings": _document(settings),
         }
         target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}")

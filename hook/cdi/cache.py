@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import stat
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +143,8 @@ def write(path: Path, entries: dict[str, Entry], bodies: dict[str, bytes]) -> bo
     data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(chunks)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        import tempfile  # only a cache miss writes; a warm start never pays for it
+
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError:
         return False

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -115,6 +114,8 @@ def write_cache(cache_dir: Path, key: dict[str, Any], inv: Inventory) -> str | N
     tmp = None
     try:
         cache_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        import tempfile  # only a cache miss writes
+
         fd, tmp = tempfile.mkstemp(prefix=".inventory.", dir=cache_dir)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
