@@ -200,9 +200,14 @@ def decide(inputs: Inputs) -> Plan:
         else:
             rules += deny_rules
     if not (rules or create or remove):
-        why = (
-            "no device requested" if not reqs.items else "the container already has exactly what it asked for"
-        )
+        if plugin_widened:  # only audit gets here: narrowing always denies
+            why = (
+                f"widened beyond its plugin allocation {_allocation_names(reqs)}; left as is (policy: audit)"
+            )
+        elif not reqs.items:
+            why = "no device requested"
+        else:
+            why = "the container already has exactly what it asked for"
         return _plan(Verdict.NONE, why, warnings)
     reason = _reason(facts, plugin_widened, reqs, rules, create, remove)
     return _plan(

@@ -235,6 +235,11 @@ def _host_node(driver_root: Path, path: str, source: str) -> Node:
         raise InputError(source, path, f"host device node {host}: {exc.strerror}") from None
     if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
         raise InputError(source, path, f"{host} is not a device node")
+    return _node(path, st)
+
+
+def _node(path: str, st: os.stat_result) -> Node:
+    """A container-path Node with the type, numbers and mode of a host node's lstat."""
     kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
     return Node(
         path=path,
@@ -262,15 +267,7 @@ def scan_accelerators(driver_root: Path, patterns: dict[str, tuple[str, ...]] | 
                 continue
             st = e.stat(follow_symlinks=False)
             if stat.S_ISCHR(st.st_mode) and is_accelerator("/dev/" + name, patterns):
-                found.append(
-                    Node(
-                        path="/dev/" + name,
-                        type="c",
-                        major=os.major(st.st_rdev),
-                        minor=os.minor(st.st_rdev),
-                        file_mode=stat.S_IMODE(st.st_mode),
-                    )
-                )
+                found.append(_node("/dev/" + name, st))
 
     walk(base, "", 0)
     return tuple(sorted(found, key=lambda n: (n.major, n.minor, n.path)))

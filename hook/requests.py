@@ -119,6 +119,11 @@ def _id_request(token: str, source: str, from_plugin: bool) -> DeviceRequest:
     return DeviceRequest(source=source, value=token, kind=kind, from_plugin=from_plugin)
 
 
+def _nvidia_resource(name: str) -> bool:
+    """Resources whose device IDs are NVIDIA IDs (k8s-device-plugin: UUIDs, replicas "<uuid>::<n>")."""
+    return name in ("nvidia.com/gpu", "nvidia.com/gpu.shared") or name.startswith("nvidia.com/mig-")
+
+
 def _from_checkpoint(allocs: Sequence[Allocation], config: OciConfig) -> list[DeviceRequest]:
     by_path = {d.path: d for d in config.devices}
     out: list[DeviceRequest] = []
@@ -138,7 +143,7 @@ def _from_checkpoint(allocs: Sequence[Allocation], config: OciConfig) -> list[De
                     node=by_path.get(cpath),
                 )
             )
-        if not (a.cdi_devices or env_ids or a.device_paths) and a.resource.startswith("nvidia.com/"):
+        if not (a.cdi_devices or env_ids or a.device_paths) and _nvidia_resource(a.resource):
             ids = dict.fromkeys(
                 d.split("::")[0] for d in a.device_ids
             )  # time-slicing replicas: "<uuid>::<n>"

@@ -259,6 +259,17 @@ def test_13_lookalike_resource_keeps_privilege(tmp_path: Path, capsys) -> None:
     assert rep["requests"] == []
 
 
+def test_13b_own_lookalike_checkpoint_entry_with_opaque_ids_is_not_read_as_nvidia_ids(
+    tmp_path: Path, capsys
+) -> None:
+    """Only NVIDIA's own resources carry NVIDIA device IDs; opaque IDs of a look-alike are no request."""
+    ck = checkpoint([checkpoint_entry("nvidia.com/gpu-alike", ["alike-0"])])
+    rc, rep, err = decide_for(tmp_path, _priv([], annotations=POD_ANNOTATIONS), capsys, ckpt=ck)
+    assert (rc, err) == (0, "")
+    left_alone(rep)
+    assert rep["requests"] == []
+
+
 # --- seed pods --------------------------------------------------------------------------------------
 
 
@@ -459,6 +470,10 @@ def test_policy_audit_changes_nothing_and_warns(tmp_path: Path, capsys) -> None:
     assert rep["warnings"] == [
         f"audit: would deny 13 accelerator node(s) outside {SLICE_UUID} (env:NVIDIA_VISIBLE_DEVICES)"
     ]
+    assert (
+        rep["reason"].startswith("widened beyond its plugin allocation")
+        and "(policy: audit)" in rep["reason"]
+    )
 
 
 def test_policy_narrow_is_the_default(tmp_path: Path, capsys) -> None:
