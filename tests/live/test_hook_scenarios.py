@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -231,3 +233,33 @@ def test_running_the_hook_twice_changes_nothing_more(
     assert first["cgroup"] == second["cgroup"]
     if cgroup2:  # the second run finds its own program (same rule digest) and attaches nothing new
         assert second["program_ids"] == {**second["program_ids"], "changed": False}
+
+
+def test_crun_on_cgroup_v2_narrows_the_slice_pod(bundle_dir: Path, host: dict[str, Path]) -> None:
+    """crun loads its own eBPF program; the hook must wrap it the same way it wraps runc's."""
+    crun = shutil.which("crun")
+    if crun is None:
+        pytest.skip("crun is not installed")
+    b = privileged(
+        bundle_dir,
+        host,
+        [f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}", "CUDA_DEVICE_MEMORY_LIMIT_0=40779m"],
+        ["/dev/nvidia1", "/dev/nvidia0", "/tmp/n0"],
+        mknods=[("/tmp/n0", 195, 0)],
+    )
+    state = bundle_dir / "crun-state"
+    inner = f"mount -t cgroup2 none /sys/fs/cgroup && exec {crun} --root {state} run --bundle {b.path} {b.id}"
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    subprocess.run([crun, "--root", str(state), "delete", "-f", b.id], capture_output=True, timeout=30)
+    if "setrlimit (RLIM_MEMLOCK)" in proc.stderr:
+        # crun raises RLIMIT_MEMLOCK to infinity before loading eBPF: that needs CAP_SYS_RESOURCE,
+        # which this machine's bounding set lacks. Nothing of the hook ran.
+        pytest.skip("crun cannot raise RLIMIT_MEMLOCK here (no CAP_SYS_RESOURCE)")
+    assert proc.returncode == 0, proc.stderr
+    assert parse_probe(proc.stdout) == {"/dev/nvidia1": "ENXIO", "/dev/nvidia0": "ENOENT", "/tmp/n0": "EPERM"}
