@@ -33,7 +33,7 @@ def _common(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--format", "fmt", type=click.Choice(["text", "json"]), help="output format")(f)
 
 
-def _merged(ctx: click.Context, **kw: Any) -> dict[str, Any]:
+def _merged(ctx: click.Context, /, **kw: Any) -> dict[str, Any]:
     base = dict(ctx.obj or {})
     for key, value in kw.items():
         if value not in (None, ()):
@@ -67,6 +67,7 @@ def _finish(text: str, code: int) -> None:
 @click.pass_context
 def cli(
     ctx: click.Context,
+    /,
     bundle: Path | None,
     state_file: Path | None,
     output_config: Path | None,
@@ -121,7 +122,7 @@ def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
 @cli.command()
 @_common
 @click.pass_context
-def inventory(ctx: click.Context, **kw: Any) -> None:
+def inventory(ctx: click.Context, /, **kw: Any) -> None:
     """Print the host's NVIDIA inventory (NVML + /proc) as JSON."""
     from hook.nvidia.commands import cmd_inventory
 
@@ -141,7 +142,7 @@ def cdi() -> None:
 @cdi.command("list")
 @_common
 @click.pass_context
-def cdi_list(ctx: click.Context, **kw: Any) -> None:
+def cdi_list(ctx: click.Context, /, **kw: Any) -> None:
     """List every CDI device the spec dirs define, and every broken spec file."""
     from hook.cdi.commands import cmd_list
 
@@ -153,7 +154,7 @@ def cdi_list(ctx: click.Context, **kw: Any) -> None:
 @_common
 @click.argument("files", nargs=-1, required=True, type=PathArg)
 @click.pass_context
-def cdi_validate(ctx: click.Context, files: tuple[Path, ...], **kw: Any) -> None:
+def cdi_validate(ctx: click.Context, /, files: tuple[Path, ...], **kw: Any) -> None:
     """Validate spec files; exit 1 and one line per problem when any is invalid."""
     from hook.cdi.commands import cmd_validate
 
@@ -165,7 +166,7 @@ def cdi_validate(ctx: click.Context, files: tuple[Path, ...], **kw: Any) -> None
 @_common
 @click.argument("names", nargs=-1, required=True)
 @click.pass_context
-def cdi_resolve(ctx: click.Context, names: tuple[str, ...], **kw: Any) -> None:
+def cdi_resolve(ctx: click.Context, /, names: tuple[str, ...], **kw: Any) -> None:
     """Print the merged container edits for qualified device names."""
     from hook.cdi.commands import cmd_resolve
 
@@ -178,7 +179,7 @@ def cdi_resolve(ctx: click.Context, names: tuple[str, ...], **kw: Any) -> None:
 @_common
 @click.option("--hooks-dir", "hooks_dirs", type=PathArg, multiple=True, help="hooks.d directory to check")
 @click.pass_context
-def doctor(ctx: click.Context, hooks_dirs: tuple[Path, ...], **kw: Any) -> None:
+def doctor(ctx: click.Context, /, hooks_dirs: tuple[Path, ...], **kw: Any) -> None:
     """Check this node's readiness: driver, CDI specs, cgroups, hooks.d, settings."""
     from hook.doctor import run_doctor
     from hook.settings import DEFAULT_PATH

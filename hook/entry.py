@@ -12,6 +12,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing is not imported at run time: the fast path cannot afford it
+if TYPE_CHECKING:
+    from typing import Any
+
 TOOLS = frozenset({"inventory", "cdi", "doctor"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
 OTHER_STAGES = frozenset({"createContainer", "startContainer", "poststart", "poststop"})
@@ -75,15 +79,15 @@ class _Defaults:
     parse_int = int
     parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
     strict = True
-    memo: dict = {}
+    memo: dict[str, Any] = {}
 
 
 _JSON_WS = " \t\n\r"  # json.decoder.WHITESPACE
 _OTHER_ENCODING = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")  # BOMs json.detect_encoding honours
-_scanner: list = []  # [scan_once] once built; [None] where this Python has no _json
+_scanner: list[Any] = []  # [scan_once] once built; [None] where this Python has no _json
 
 
-def _loads(data: bytes) -> object:
+def _loads(data: bytes) -> Any:
     """``json.loads(data)`` (same value, a ValueError where it fails) without importing ``json``.
 
     UTF-8 input goes through the C scanner ``json.loads`` itself uses, set up as its default
@@ -96,7 +100,7 @@ def _loads(data: bytes) -> object:
         except ImportError:
             _scanner.append(None)
         else:
-            _scanner.append(make_scanner(_Defaults()))
+            _scanner.append(make_scanner(_Defaults()))  # type: ignore[arg-type]
     scan_once = _scanner[0]
     if scan_once is None or b"\x00" in data[:4] or data.startswith(_OTHER_ENCODING):
         import json
@@ -149,7 +153,10 @@ def _fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
 
 
 def needs_decision(
-    config: dict, annotations: dict, prefixes: tuple[str, ...] = ("cdi.k8s.io/",), mount_root: str = ""
+    config: dict[str, Any],
+    annotations: dict[str, Any],
+    prefixes: tuple[str, ...] = ("cdi.k8s.io/",),
+    mount_root: str = "",
 ) -> bool:
     """A cheap superset of "this container asks for a device or is widened"; false means nothing to do."""
     linux = config.get("linux") or {}
@@ -182,7 +189,7 @@ def _strs(v: object) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-def _opt(obj: dict, key: str, ok: object) -> bool:
+def _opt(obj: dict[str, Any], key: str, ok: object) -> bool:
     """``obj[key]`` is absent or passes ``ok`` (a type or a predicate)."""
     if key not in obj:
         return True
@@ -194,7 +201,7 @@ def _str_map(v: object) -> bool:
     return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
-def _well_formed(state: dict, config: dict) -> bool:
+def _well_formed(state: dict[str, Any], config: dict[str, Any]) -> bool:
     """Every field ``hook.oci`` type-checks has the type it wants (a conservative copy of its
     rules): the fast path may only answer for input the full parsers would accept."""
     bundle = state.get("bundle", state.get("bundlePath"))
@@ -250,7 +257,7 @@ def _well_formed(state: dict, config: dict) -> bool:
     return True
 
 
-def _list(v: object) -> list:
+def _list(v: object) -> list[Any]:
     if v is None:
         return []
     if not isinstance(v, list):

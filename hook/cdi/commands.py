@@ -37,8 +37,12 @@ def cmd_list(spec_dirs: list[Path], fmt: str) -> tuple[str, int]:
     registry = Registry.load(spec_dirs, cache_dir=None)
     rows = [(name, registry._index[name][1]) for name in sorted(registry._index)]
     if fmt == "json":
-        return _dump({"devices": [{"name": n, "spec": s} for n, s in rows],
-                      "errors": {p: list(e) for p, e in registry.errors.items()}}), 0
+        return _dump(
+            {
+                "devices": [{"name": n, "spec": s} for n, s in rows],
+                "errors": {p: list(e) for p, e in registry.errors.items()},
+            }
+        ), 0
     lines = [f"{name}\t{spec}" for name, spec in rows]
     lines += [f"error: {line}" for line in dict.fromkeys(x for e in registry.errors.values() for x in e)]
     return "".join(f"{line}\n" for line in lines), 0
@@ -61,10 +65,10 @@ def cmd_validate(files: list[Path], fmt: str) -> tuple[str, int]:
     if fmt == "json":
         return _dump({"valid": code == 0, "files": results}), code
     lines = []
-    for source, problems in results.items():
-        if not problems:
+    for source, found in results.items():
+        if not found:
             lines.append(f"{source}: ok")
-        lines += [f"{source}: {p['field'] or '(document)'}: {p['reason']} ({p['rule']})" for p in problems]
+        lines += [f"{source}: {p['field'] or '(document)'}: {p['reason']} ({p['rule']})" for p in found]
     return "".join(f"{line}\n" for line in lines), code
 
 
@@ -75,8 +79,14 @@ def cmd_resolve(names: list[str], spec_dirs: list[Path], driver_root: Path, fmt:
     edits = hostnodes.fill(registry.resolve(names), driver_root)
     nodes, rules = to_nodes_and_rules(edits)
     if fmt == "json":
-        return _dump({"devices": list(dict.fromkeys(names)), "containerEdits": edits.to_json(),
-                      "nodes": [n.to_json() for n in nodes], "cgroup": [r.to_json() for r in rules]}), 0
+        return _dump(
+            {
+                "devices": list(dict.fromkeys(names)),
+                "containerEdits": edits.to_json(),
+                "nodes": [n.to_json() for n in nodes],
+                "cgroup": [r.to_json() for r in rules],
+            }
+        ), 0
     lines = [f"devices: {', '.join(dict.fromkeys(names))}"]
     lines += [f"env {e}" for e in edits.env]
     lines += [f"node {n.path} {n.type} {n.major}:{n.minor} mode {n.file_mode:04o}" for n in nodes]
