@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from hook.errors import InputError
+from hook.record import record
 
 __all__ = ["Allocation", "parse_checkpoint", "find_allocations", "pod_identity"]
 
@@ -21,7 +21,7 @@ POD_UID_KEYS = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
 CONTAINER_NAME_KEYS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Allocation:
     """One resource's allocation to one container, as the plugin answered it."""
 

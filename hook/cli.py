@@ -83,10 +83,9 @@ def cli(
 
 
 def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_config: Path | None) -> None:
-    from dataclasses import replace
-
     from hook.decide import decide
     from hook.gather import load_inputs, read_state_file, state_from_bundle
+    from hook.record import replace
     from hook.report import build_report, render_json, render_text
 
     state = read_state_file(state_file) if state_file else state_from_bundle(bundle)

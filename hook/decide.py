@@ -8,10 +8,10 @@ what the container asked for, what it may have, and what the engine already gave
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from hook.oci import OciConfig
 from hook.plan import Node, Plan, Verdict
+from hook.record import field, record
 from hook.requests import DeviceRequest, Kind, Requests, has_sys_admin, is_accelerator, is_privileged
 from hook.rules import Access, DeviceType, Rule, evaluate
 from hook.settings import MigManagement, Policy, Settings
@@ -21,7 +21,7 @@ __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
 MGMT_ENV = {Kind.MIG_CONFIG: "NVIDIA_MIG_CONFIG_DEVICES", Kind.MIG_MONITOR: "NVIDIA_MIG_MONITOR_DEVICES"}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Grant:
     """A node a request needs, with the access it needs on it."""
 
@@ -33,7 +33,7 @@ class Grant:
         return (self.node.type, self.node.major, self.node.minor)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Inputs:
     container_id: str
     config: OciConfig
@@ -45,7 +45,7 @@ class Inputs:
     warnings: tuple[str, ...] = field(default=())
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Facts:
     privileged: bool
     sys_admin: bool

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from hook.record import asdict, record
 
 __all__ = [
     "HOOK_PATH",
@@ -35,7 +36,7 @@ REQUIRED_MAJORS = ("nvidia", "nvidia-uvm", "nvidia-caps")
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class Check:
     name: str
     ok: bool

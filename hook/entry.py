@@ -4,7 +4,7 @@ Rule: this module is on every container's start path, so at import it pulls in o
 ``sys``. A container that asks for no device and is not widened is answered from the raw JSON
 here, decoded by ``json``'s own C scanner (``_loads``: importing the ``json`` package would pull
 in ``re``, ``enum`` and ``functools``, most of the fast path's cost); everything else
-(dataclasses, yaml, click, pynvml) loads only when needed.
+(records, yaml, click, pynvml) loads only when needed.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from hook.decide import Grant, Inputs
 from hook.errors import InputError
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
+from hook.record import field, record
 from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator, is_privileged
 from hook.rules import Access
 from hook.settings import DEFAULT_PATH, Settings, load_settings
@@ -32,7 +32,7 @@ __all__ = ["Options", "read_limited", "read_state_file", "state_from_bundle", "l
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Options:
     driver_root: Path = Path("/")
     spec_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS

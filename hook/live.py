@@ -8,7 +8,6 @@ already let through every container that needs nothing, so the hook never blocks
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from hook.errors import HookError, InputError
 from hook.gather import DEFAULT_SPEC_DIRS, Options, load_inputs
 from hook.oci import parse_state
 from hook.plan import Verdict
+from hook.record import replace
 from hook.report import build_report
 from hook.settings import DEFAULT_PATH, Settings, load_settings
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from hook.errors import InputError
+from hook.record import field, record
 from hook.rules import Access, DeviceType, Rule
 
 __all__ = [
@@ -32,7 +32,7 @@ MAX_STATE_BYTES = 1 << 20
 MAX_CONFIG_BYTES = 16 << 20
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class OciState:
     oci_version: str
     id: str
@@ -42,7 +42,7 @@ class OciState:
     annotations: Mapping[str, str]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Mount:
     destination: str
     source: str
@@ -50,7 +50,7 @@ class Mount:
     options: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LinuxDevice:
     path: str
     type: str
@@ -61,7 +61,7 @@ class LinuxDevice:
     gid: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class OciConfig:
     source: str
     oci_version: str

@@ -6,9 +6,9 @@ decides anything, so simulation and live mode differ only in the adapter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hook.record import field, record
 from hook.rules import Rule
 
 __all__ = ["Verdict", "Node", "Plan"]
@@ -20,7 +20,7 @@ class Verdict(StrEnum):
     DENY = "deny"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Node:
     """A device node as seen from inside the container (``path`` is a container path)."""
 
@@ -44,7 +44,7 @@ class Node:
         }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Plan:
     verdict: Verdict
     reason: str

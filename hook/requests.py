@@ -12,12 +12,12 @@ import fnmatch
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 
 from hook.checkpoint import Allocation
 from hook.errors import InputError
 from hook.oci import LinuxDevice, OciConfig
+from hook.record import record
 from hook.rules import Access, DeviceType, Rule
 from hook.settings import Settings
 
@@ -47,7 +47,7 @@ class Kind(StrEnum):
     IMEX = "imex"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DeviceRequest:
     source: str
     value: str
@@ -64,7 +64,7 @@ class DeviceRequest:
         }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Requests:
     items: tuple[DeviceRequest, ...]
     evidence: tuple[str, ...]

@@ -14,8 +14,9 @@ eBPF) start from the same rules and tests can compare their output.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from enum import Flag, StrEnum
+
+from hook.record import record, replace
 
 __all__ = [
     "Access",
@@ -66,7 +67,7 @@ class DeviceType(StrEnum):
     BLOCK = "b"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Rule:
     allow: bool
     type: DeviceType = DeviceType.ALL

@@ -7,12 +7,12 @@ defaults. Settings come only from the host (``--config``), never from a containe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from hook.errors import InputError
+from hook.record import field, fields, record
 
 __all__ = ["Policy", "MigManagement", "Settings", "DEFAULT_PATH", "parse_settings", "load_settings"]
 
@@ -54,7 +54,7 @@ DEFAULT_CORROBORATING_ENV: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Settings:
     privileged_allocation: Policy = Policy.NARROW
     cdi_annotation_prefixes: tuple[str, ...] = ("cdi.k8s.io/",)

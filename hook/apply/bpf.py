@@ -1,7 +1,7 @@
 """Pure eBPF builder for BPF_PROG_TYPE_CGROUP_DEVICE: rules in, instruction bytes out.
 
 Rule: this module decides what the kernel program says and nothing else; it loads nothing and
-imports only struct/dataclasses/typing and ``hook.rules``. ``build_program`` and
+imports only struct/typing, ``hook.record`` and ``hook.rules``. ``build_program`` and
 ``hook.rules.evaluate`` must agree on every (type, major, minor, access) probe.
 
 Program layout (the ctx is ``struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor}``)::
@@ -25,9 +25,9 @@ relative and stay inside it; the verifier already proved it reads no register it
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hook.record import record
 from hook.rules import Access, DeviceType, Rule, normalize
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ JEQ_K, JNE_K, JA, CALL, EXIT = 0x15, 0x55, 0x05, 0x85, 0x95
 LD_IMM64 = 0x18
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class Insn:
     """One 8-byte eBPF instruction; ``label`` is a jump target resolved by ``_link``."""
 

@@ -13,9 +13,9 @@ import errno
 import os
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hook.errors import ApplyError
+from hook.record import record
 
 __all__ = [
     "BPF_F_ALLOW_MULTI",
@@ -188,7 +188,7 @@ def detach(cgroup_fd: int, prog_fd: int) -> None:
         raise _fail("BPF_PROG_DETACH", exc) from exc
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class Attached:
     """What BPF_PROG_QUERY says is attached directly to one cgroup, in run order."""
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from hook.errors import ApplyError
+from hook.record import record
 from hook.rules import Access, DeviceType, Rule
 
 __all__ = ["AppliedV1", "CgroupV1", "ListEntry", "check_effect", "parse_list"]
@@ -27,7 +27,7 @@ __all__ = ["AppliedV1", "CgroupV1", "ListEntry", "check_effect", "parse_list"]
 ALLOW_ALL_LINE = "a *:* rwm"
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class ListEntry:
     """One ``devices.list`` line; ``None`` is ``*``."""
 
@@ -105,7 +105,7 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[st
     return failed
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class AppliedV1:
     """What ``CgroupV1.apply`` did: the list before and after, and the lines written."""
 

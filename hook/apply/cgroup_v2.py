@@ -26,18 +26,18 @@ import errno
 import os
 import resource
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from hook.apply import bpf, bpf_sys
 from hook.apply.bpf_sys import BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE
 from hook.errors import ApplyError
+from hook.record import record
 from hook.rules import Rule
 
 __all__ = ["AppliedV2", "CgroupV2"]
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class AppliedV2:
     """What ``apply`` did: attached ids before and after, and whether anything changed."""
 
@@ -47,7 +47,7 @@ class AppliedV2:
     changed: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class _Swap:
     """One replaced attachment; ``old_fd`` is None when nothing was attached before."""
 

@@ -27,12 +27,12 @@ import json
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hook.errors import ApplyError
 from hook.plan import Node
+from hook.record import fields, record
 
 __all__ = ["Change", "Undo", "apply", "split_container_path"]
 
@@ -45,7 +45,7 @@ DIR_MODE = 0o755
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Change:
     """One journal entry: ``mkdir`` or ``mknod`` (we created it) or ``unlink`` (we removed it)."""
 
@@ -273,7 +273,7 @@ def _child(
 
 
 def _change_dict(c: Change) -> dict[str, Any]:
-    return {f: getattr(c, f) for f in Change.__dataclass_fields__}
+    return {f.name: getattr(c, f.name) for f in fields(Change)}
 
 
 def _in_namespace(
@@ -306,7 +306,7 @@ def _in_namespace(
     return [Change(**c) for c in report["journal"]], report["error"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Undo:
     """What ``apply`` changed in one container, and how to take it back."""
 

@@ -9,23 +9,23 @@ Parsers take text; only ``find`` and ``_read`` touch the filesystem.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from hook.errors import ApplyError, InputError
+from hook.record import record
 
 __all__ = ["CgroupLine", "CgroupTarget", "Mount", "find", "parse_mountinfo", "parse_proc_cgroup"]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CgroupTarget:
     version: int  # 1 or 2
     path: Path
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CgroupLine:
     """One ``hierarchy:controllers:path`` line of ``/proc/<pid>/cgroup``."""
 
@@ -34,7 +34,7 @@ class CgroupLine:
     path: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Mount:
     """The fields of one ``mountinfo`` line that locating a cgroup needs."""
 

@@ -10,7 +10,6 @@ complete before ``apply_plan`` is called.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +17,7 @@ from hook.apply import devnodes, locate
 from hook.apply.cgroup_v1 import CgroupV1
 from hook.errors import ApplyError, HookError
 from hook.plan import Plan
+from hook.record import field, record
 from hook.rules import Rule
 
 __all__ = ["AppliedInfo", "DeviceCgroup", "apply_plan", "cgroup_adapter"]
@@ -31,7 +31,7 @@ class DeviceCgroup(Protocol):
     def rollback(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class AppliedInfo:
     """What was applied, for the log line and the report."""
 

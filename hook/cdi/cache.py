@@ -15,9 +15,10 @@ import json
 import os
 import stat
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from hook.record import record
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKey", "Entry", "Cache",
            "file_key", "read", "write"]
@@ -34,7 +35,7 @@ def file_key(st: os.stat_result) -> FileKey:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class Entry:
     """One spec file as cached: a valid spec (kind, names, body) or an error line."""
 

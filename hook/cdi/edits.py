@@ -9,11 +9,11 @@ Applying is pure: the input config is never changed, a new dict is returned. No 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hook.errors import InputError
 from hook.plan import Node
+from hook.record import field, record, replace
 from hook.rules import Access, DeviceType, Rule
 
 __all__ = [
@@ -37,7 +37,7 @@ HOOK_STAGES: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CdiDeviceNode:
     """A CDI ``deviceNodes`` entry; type/major/minor/file_mode may be None until filled."""
 
@@ -54,7 +54,7 @@ class CdiDeviceNode:
     field: str = field(default="", compare=False)  # e.g. devices[0].containerEdits.deviceNodes[1]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Mount:
     host_path: str
     container_path: str
@@ -62,7 +62,7 @@ class Mount:
     type: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Hook:
     hook_name: str
     path: str
@@ -71,13 +71,13 @@ class Hook:
     timeout: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class NetDevice:
     host_interface_name: str
     name: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class IntelRdt:
     clos_id: str = ""
     l3_cache_schema: str = ""
@@ -95,7 +95,7 @@ class IntelRdt:
         return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[CdiDeviceNode, ...] = ()

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import replace as _replace
 from pathlib import Path
 
 from hook.cdi.edits import CdiDeviceNode, ContainerEdits, with_nodes
 from hook.errors import InputError
+from hook.record import replace as _replace
 
 __all__ = ["fill", "fill_node"]
 

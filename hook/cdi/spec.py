@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from hook.cdi import names, schema, version
 from hook.cdi.edits import HOOK_STAGES, ContainerEdits
 from hook.errors import InputError
+from hook.record import record
 
 __all__ = ["SpecError", "Spec", "Device", "decode", "validate_raw", "parse_spec", "spec_problems",
            "document_problems", "spec_from_raw",
@@ -31,7 +31,7 @@ class SpecError(InputError):
         self.rule = rule
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Device:
     """A CDI device bound to its spec (spec edits are kept for the once-per-spec merge)."""
 
@@ -48,7 +48,7 @@ class Device:
         return f"{self.kind}={self.name}"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Spec:
     source: str
     priority: int

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
@@ -20,6 +19,7 @@ from hook.errors import InputError
 from hook.nvidia import nvml, procfs
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
 from hook.nvidia.snapshot import SNAPSHOT_VERSION
+from hook.record import record, replace
 
 __all__ = [
     "CACHE_NAME",
@@ -42,7 +42,7 @@ DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 CACHE_NAME: Final = "inventory.json"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class _Proc:
     """Everything read from /proc for one load."""
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Final
 
 from hook.errors import InputError
 from hook.nvidia.model import CapNode, CapTable
+from hook.record import field, record
 
 __all__ = [
     "MIG_MINORS_PATH",
@@ -39,7 +39,7 @@ _VALID_LINE: Final = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class MigMinors:
     """Every listed capability name (``config``, ``gpu0/gi1/access``, ...) → its minor."""
 

@@ -8,16 +8,17 @@ its NVML index.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from hook.record import field, record
 
 __all__ = ["NVIDIA_MAJOR", "CapNode", "CapTable", "Gpu", "Inventory", "Majors", "MigDevice"]
 
 NVIDIA_MAJOR = 195  # fixed by the driver (LNC NV_DEVICE_MAJOR)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Majors:
     """Character-device majors from ``/proc/devices``; ``None`` where the module is not loaded."""
 
@@ -27,7 +28,7 @@ class Majors:
     imex: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CapNode:
     """One ``/dev/nvidia-caps/nvidia-cap<minor>`` node; mode/uid/gid from its capability file."""
 
@@ -41,7 +42,7 @@ def _frozen(mapping: Mapping[Any, CapNode] | None) -> Mapping[Any, CapNode]:
     return MappingProxyType(dict(sorted((mapping or {}).items())))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CapTable:
     """The MIG capabilities that exist on the host (keys: GPU minor, GI id[, CI id])."""
 
@@ -59,7 +60,7 @@ class CapTable:
         return tuple(key for key in self.ci if key[:2] in self.gi)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Gpu:
     index: int
     minor: int
@@ -69,7 +70,7 @@ class Gpu:
     mig_enabled: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class MigDevice:
     """A MIG device; ``uuid`` is ``None`` when only /proc was read (NVML gives UUIDs)."""
 
@@ -82,7 +83,7 @@ class MigDevice:
     index: int = 0  # position under the parent, the M of ``G:M``
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Inventory:
     driver_version: str
     majors: Majors = field(default_factory=Majors)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final
 
 from hook.errors import InputError
 from hook.nvidia.ids import normalize_bus_id
 from hook.nvidia.model import Gpu, MigDevice
+from hook.record import record
 
 __all__ = ["NVML_SOURCE", "NvmlResult", "query"]
 
@@ -30,7 +30,7 @@ _NVML_ERROR_NAMES: Final = {
 }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class NvmlResult:
     driver_version: str
     gpus: tuple[Gpu, ...]

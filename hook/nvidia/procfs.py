@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -26,6 +25,7 @@ from hook.nvidia.migminors import (
     proc_cap_path,
 )
 from hook.nvidia.model import NVIDIA_MAJOR, CapNode, CapTable, Majors
+from hook.record import record
 
 __all__ = [
     "BOOT_ID_PATH",
@@ -63,7 +63,7 @@ _MAJOR_NAMES: Final = {
 _VERSION_RE: Final = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class GpuInfo:
     """One ``gpus/<bus>/information`` file; ``uuid`` is ``None`` when the driver hides it."""
 
