@@ -65,6 +65,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         options = options_from(opts, use_cache=True)
         # settings first, so that an error in the state or config.json is logged where the operator said
         settings = load_settings(options.settings_file or DEFAULT_PATH, required=bool(options.settings_file))
+        _remember(opts, settings)
         state = parse_state(stdin, STDIN)
         container = state.id
         inputs = load_inputs(state, replace(options, settings=settings))

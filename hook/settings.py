@@ -175,12 +175,12 @@ def _identity(path: Path) -> list[object]:
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def _compiled(path: Path) -> dict[str, object] | None:
+def _compiled(path: Path, target: Path | None = None) -> dict[str, object] | None:
     """The settings document compiled from this very file (same identity), or None."""
     import json
 
     try:
-        record = json.loads(FASTPATH_CACHE.read_bytes())
+        record = json.loads((target or FASTPATH_CACHE).read_bytes())
         if record["key"] == _identity(path) and isinstance(record["settings"], dict):
             return record["settings"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -216,6 +216,8 @@ def remember_for_fast_path(path: Path, settings: Settings, target: Path | None =
 
     target = target or FASTPATH_CACHE
     try:
+        if _compiled(path, target) is not None:
+            return None  # already compiled from this very file: nothing to write
         record = {
             "key": _identity(path),
             "cdi_annotation_prefixes": list(settings.cdi_annotation_prefixes),

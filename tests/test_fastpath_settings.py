@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hook import entry, settings
+
+INVENTORY = Path(__file__).resolve().parents[1] / "examples" / "node" / "inventory.json"
 
 
 @pytest.fixture
@@ -72,3 +76,27 @@ def test_fast_path_answers_with_compiled_custom_settings(
     (bundle / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
     state = json.dumps({"id": "c1", "pid": 1, "bundle": str(bundle)}).encode()
     assert entry._fast_path({"--config": [str(path)]}, state) is True
+
+
+def test_live_full_path_reads_compiled_settings_without_yaml(tmp_path: Path) -> None:
+    """The second device container under custom settings must not import yaml (about 30 ms)."""
+    path = write_settings(tmp_path, f"log_file: {tmp_path}/hook.log\nprivileged_allocation: narrow\n")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    # privileged without an allocation: the full path runs and decides "none", so nothing is applied
+    config = {"linux": {"resources": {"devices": [{"allow": True, "access": "rwm"}]}}}
+    (bundle / "config.json").write_text(json.dumps(config))
+    state = json.dumps({"id": "c1", "bundle": str(bundle)}).encode()
+    code = (
+        "import sys; from pathlib import Path; import hook.entry as e, hook.settings as s; "
+        f"e.FASTPATH_CACHE = {str(tmp_path / 'fp.json')!r}; s.FASTPATH_CACHE = Path(e.FASTPATH_CACHE); "
+        "from hook.live import run_live; "
+        f"opts = {{'--config': [{str(path)!r}], '--inventory': [{str(INVENTORY)!r}]}}; "
+        "rc = run_live(opts, sys.stdin.buffer.read()); "
+        "print(rc, 'yaml' in sys.modules)"
+    )
+    runs = [
+        subprocess.run([sys.executable, "-I", "-c", code], input=state, capture_output=True, check=True)
+        for _ in range(2)
+    ]
+    assert [r.stdout.decode().split() for r in runs] == [["0", "True"], ["0", "False"]], runs[1].stderr
