@@ -104,6 +104,7 @@ class _Resolver:
         self._registry: Registry | None = None
         self._inventory: Inventory | None = None
         self.specific_mig = False
+        self.warnings: list[str] = []
 
     def registry(self) -> Registry:
         if self._registry is None:
@@ -111,6 +112,10 @@ class _Resolver:
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
             self._registry = Registry.load(list(self.opts.spec_dirs), cache)
+            for path, problems in sorted(self._registry.errors.items()):
+                self.warnings += [f"CDI spec skipped: {problem}" for problem in problems[:3]]
+                if len(problems) > 3:
+                    self.warnings.append(f"CDI spec skipped: {path}: and {len(problems) - 3} more problem(s)")
         return self._registry
 
     def has_specs(self) -> bool:
@@ -299,5 +304,5 @@ def load_inputs(state: OciState, opts: Options) -> Inputs:
         grants=grants,
         host_accelerators=host,
         specific_mig=resolver.specific_mig,
-        warnings=tuple(warnings),
+        warnings=(*warnings, *resolver.warnings),
     )
