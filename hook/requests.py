@@ -211,9 +211,7 @@ def _corroborated(config: OciConfig, settings: Settings, have_checkpoint: bool) 
     return ""
 
 
-def _from_env(
-    config: OciConfig, settings: Settings, privileged: bool, corroboration: str
-) -> list[DeviceRequest]:
+def _from_env(config: OciConfig, settings: Settings, corroboration: str) -> list[DeviceRequest]:
     value = config.env.get(VISIBLE_ENV)
     tokens = split_ids(value or "")
     if value is None or not tokens or "void" in tokens or value == settings.volume_mount_root:
@@ -258,7 +256,7 @@ def collect(
         granting = [m for m in mounts if m.kind is not Kind.IMEX]
     imex = [m for m in mounts if m.kind is Kind.IMEX]
     corroboration = _corroborated(config, settings, bool(allocs))
-    env = _from_env(config, settings, privileged, corroboration)
+    env = _from_env(config, settings, corroboration)
     if env and (granting or checkpoint):
         origin = (checkpoint or granting)[0].source
         warnings.append(f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {origin}")

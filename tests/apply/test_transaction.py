@@ -18,7 +18,6 @@ import pytest
 
 from hook.apply import devnodes, transaction
 from hook.apply.cgroup_v1 import CgroupV1
-from hook.apply.recorder import Recorder
 from hook.apply.transaction import AppliedInfo, apply_plan
 from hook.errors import ApplyError
 from hook.plan import Node, Plan, Verdict
@@ -165,13 +164,3 @@ def test_v1_target_does_not_import_cgroup_v2(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delitem(sys.modules, "hook.apply.cgroup_v2", raising=False)
     transaction.cgroup_adapter(transaction.locate.CgroupTarget(version=1, path=Path("/x")))
     assert "hook.apply.cgroup_v2" not in sys.modules
-
-
-def test_recorder_records_the_same_steps_without_io() -> None:
-    plan = Plan(verdict=Verdict.APPLY, reason="t", rules=(DENY_1,), create=(CAP2,), remove=("/dev/nvidia3",))
-    assert Recorder().apply_plan(plan) == [
-        {"step": "cgroup", "rules": [DENY_1.to_json()], "v1": ["deny c 195:1 rwm"]},
-        {"step": "remove", "paths": ["/dev/nvidia3"]},
-        {"step": "create", "nodes": [CAP2.to_json()]},
-    ]
-    assert Recorder().apply_plan(Plan(verdict=Verdict.NONE, reason="t")) == []
