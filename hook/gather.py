@@ -105,6 +105,7 @@ class _Resolver:
         self._inventory: Inventory | None = None
         self.specific_mig = False
         self.warnings: list[str] = []
+        self._has_specs: bool | None = None  # asked once per NVIDIA request; scanned once
 
     def registry(self) -> Registry:
         if self._registry is None:
@@ -120,13 +121,9 @@ class _Resolver:
 
     def has_specs(self) -> bool:
         """Whether any spec dir holds a spec file: spares importing the CDI engine on CDI-less nodes."""
-        for d in self.opts.spec_dirs:
-            try:
-                if any(e.name.endswith((".json", ".yaml")) for e in os.scandir(d)):
-                    return True
-            except OSError:
-                continue
-        return False
+        if self._has_specs is None:
+            self._has_specs = any(_holds_spec(d) for d in self.opts.spec_dirs)
+        return self._has_specs
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
@@ -229,6 +226,13 @@ def _is_mig_id(value: str) -> bool:
     """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (nvidia-toolkit.md §1.3)."""
     gpu, sep, mig = value.partition(":")
     return value.upper().startswith("MIG-") or (bool(sep) and gpu.isdigit() and mig.isdigit())
+
+
+def _holds_spec(directory: Path) -> bool:
+    try:
+        return any(e.name.endswith((".json", ".yaml")) for e in os.scandir(directory))
+    except OSError:
+        return False
 
 
 def _host_node(driver_root: Path, path: str, source: str) -> Node:

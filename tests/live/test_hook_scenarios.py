@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, cap_minor, make_host_tree
-from tests.live.livekit import build_bundle, char_device, hook, parse_probe, probe_args, run_container
+from tests.live.livekit import Bundle, build_bundle, char_device, hook, parse_probe, probe_args, run_container
 
 REPO = Path(__file__).resolve().parents[2]
 SLICE_UUID = "GPU-a158631e-3c5d-6f1e-9b2a-7d4c8e0f1a23"
@@ -98,24 +98,24 @@ def plant(rootfs: Path, nodes: Sequence[tuple[str, int, int]]) -> None:
         os.mknod(rootfs / path.lstrip("/"), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
 
 
+def slice_pod(bundle_dir: Path, host: dict[str, Path], probes: Sequence[str] = ()) -> Bundle:
+    """Seed 000's privileged pod with a HAMi slice of GPU-a158631e (host index 1); /tmp/n0 is a
+    planted c 195:0 node, so a probe of it shows the cgroup's verdict on card 0 alone."""
+    return privileged(
+        bundle_dir,
+        host,
+        [f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}", "CUDA_DEVICE_MEMORY_LIMIT_0=40779m"],
+        list(probes) or ["/dev/nvidia1", "/dev/nvidia0", "/tmp/n0"],
+        mknods=[("/tmp/n0", 195, 0)],
+    )
+
+
 @pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
 def test_seed000_slice_pod_is_narrowed_to_its_card(
     bundle_dir: Path, host: dict[str, Path], cgroup2: bool
 ) -> None:
-    b = privileged(
-        bundle_dir,
-        host,
-        [f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}", "CUDA_DEVICE_MEMORY_LIMIT_0=40779m"],
-        [
-            "/dev/nvidia1",
-            "/dev/nvidiactl",
-            "/dev/nvidia0",
-            "/dev/nvidia7",
-            "/tmp/n0",
-            "/dev/nvidia-caps/nvidia-cap2",
-        ],
-        mknods=[("/tmp/n0", 195, 0)],
-    )
+    probes = ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia7", "/tmp/n0"]
+    b = slice_pod(bundle_dir, host, [*probes, "/dev/nvidia-caps/nvidia-cap2"])
     res = run_container(b, cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     seen = parse_probe(res.stdout)
@@ -218,13 +218,7 @@ def test_running_the_hook_twice_changes_nothing_more(
     bundle_dir: Path, host: dict[str, Path], cgroup2: bool
 ) -> None:
     """Two registrations of the same hook (e.g. hooks.d plus a base spec) narrow exactly once."""
-    b = privileged(
-        bundle_dir,
-        host,
-        [f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}", "CUDA_DEVICE_MEMORY_LIMIT_0=40779m"],
-        ["/dev/nvidia1", "/dev/nvidia0", "/tmp/n0"],
-        mknods=[("/tmp/n0", 195, 0)],
-    )
+    b = slice_pod(bundle_dir, host)
     b.config["hooks"]["prestart"] *= 2
     res = run_container(b.write(), cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
@@ -240,13 +234,7 @@ def test_crun_on_cgroup_v2_narrows_the_slice_pod(bundle_dir: Path, host: dict[st
     crun = shutil.which("crun")
     if crun is None:
         pytest.skip("crun is not installed")
-    b = privileged(
-        bundle_dir,
-        host,
-        [f"NVIDIA_VISIBLE_DEVICES={SLICE_UUID}", "CUDA_DEVICE_MEMORY_LIMIT_0=40779m"],
-        ["/dev/nvidia1", "/dev/nvidia0", "/tmp/n0"],
-        mknods=[("/tmp/n0", 195, 0)],
-    )
+    b = slice_pod(bundle_dir, host)
     state = bundle_dir / "crun-state"
     inner = f"mount -t cgroup2 none /sys/fs/cgroup && exec {crun} --root {state} run --bundle {b.path} {b.id}"
     proc = subprocess.run(
