@@ -6,7 +6,12 @@ which assumes them fails. With ``mknod=True`` (root only) /dev entries are real 
 nodes; with ``mknod=False`` they are plain files (pyfakefs cannot make device nodes).
 
 Topologies: ``1x`` (one H100, MIG off), ``8x`` (8 x H100, MIG off), ``8x-mig`` (seed 000: 8 x H100,
-MIG on card 0 only, with a 3g.40gb at GI 1 and a 2g.20gb at GI 2, CI 0 each).
+MIG on card 0 only, with a 3g.40gb at GI 1 and a 2g.20gb at GI 2, CI 0 each), ``8x-shuffled``
+(what real machines look like and the other fixtures do not: device minors follow the driver's
+probe order while indices follow PCI order, so no GPU's index equals its minor; the
+``nvidia``, ``nvidia-caps`` and ``nvidia-uvm`` majors are 507, 511 and 509; MIG is on index 2,
+minor 6, with a 3g.40gb at GI 1 and a 1g.10gb at GI 5). Code that writes ``/dev/nvidia<index>``,
+``195:`` or ``gpu0`` anywhere gets the wrong card on this topology.
 """
 
 from __future__ import annotations
@@ -17,7 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["TOPOLOGIES", "GpuSpec", "HostSpec", "MigSpec", "cap_minor", "make_host_tree", "mig_minors_text"]
+__all__ = [
+    "SHUFFLED_MINORS",
+    "TOPOLOGIES",
+    "GpuSpec",
+    "HostSpec",
+    "MigSpec",
+    "cap_minor",
+    "make_host_tree",
+    "mig_minors_text",
+]
 
 UVM_MAJOR: Final = 511
 CAPS_MAJOR: Final = 237
@@ -26,6 +40,7 @@ DRIVER_VERSION: Final = "550.54.15"
 BOOT_ID: Final = "5d1c2f6e-8a3b-4c7d-9e0f-1a2b3c4d5e6f"
 CONFIG_MODE: Final = 0o400
 READ_MODE: Final = 0o444
+NVIDIA_MAJOR: Final = 195
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +69,7 @@ class HostSpec:
     migs: tuple[MigSpec, ...] = ()
     driver_version: str = DRIVER_VERSION
     boot_id: str = BOOT_ID
+    nvidia_major: int = NVIDIA_MAJOR
     uvm_major: int = UVM_MAJOR
     caps_major: int = CAPS_MAJOR
     imex_major: int | None = IMEX_MAJOR
@@ -72,9 +88,23 @@ _UUIDS: Final = (
 )
 
 
-def _gpus(count: int, mig_on: frozenset[int] = frozenset()) -> tuple[GpuSpec, ...]:
+# index -> device minor on 8x-shuffled: no card has index == minor.
+SHUFFLED_MINORS: Final = (3, 0, 6, 1, 7, 2, 5, 4)
+
+
+def _gpus(
+    count: int, mig_on: frozenset[int] = frozenset(), minors: tuple[int, ...] | None = None
+) -> tuple[GpuSpec, ...]:
+    """GPUs in index (= PCI bus) order; ``mig_on`` holds minors."""
+    minor_of = minors or tuple(range(count))
     return tuple(
-        GpuSpec(index=i, minor=i, bus=f"0000:{_BUSES[i]}:00.0", uuid=_UUIDS[i], mig_enabled=i in mig_on)
+        GpuSpec(
+            index=i,
+            minor=minor_of[i],
+            bus=f"0000:{_BUSES[i]}:00.0",
+            uuid=_UUIDS[i],
+            mig_enabled=minor_of[i] in mig_on,
+        )
         for i in range(count)
     )
 
@@ -84,7 +114,7 @@ TOPOLOGIES: Final[dict[str, HostSpec]] = {
     "8x": HostSpec(name="8x", gpus=_gpus(8)),
     "8x-mig": HostSpec(
         name="8x-mig",
-        gpus=_gpus(8, frozenset({0})),
+        gpus=_gpus(8, frozenset({0})),  # index == minor here
         migs=(
             MigSpec(
                 parent_minor=0, gi=1, ci=0, uuid="MIG-07ad8e7c-0197-5973-bd05-7fcd18ae754e", profile="3g.40gb"
@@ -93,6 +123,22 @@ TOPOLOGIES: Final[dict[str, HostSpec]] = {
                 parent_minor=0, gi=2, ci=0, uuid="MIG-90825510-8f47-5052-8e15-ead851500769", profile="2g.20gb"
             ),
         ),
+    ),
+    "8x-shuffled": HostSpec(
+        name="8x-shuffled",
+        gpus=_gpus(8, frozenset({6}), SHUFFLED_MINORS),
+        migs=(
+            MigSpec(
+                parent_minor=6, gi=1, ci=0, uuid="MIG-4b1e2c3d-5a6f-5b7c-8d9e-0f1a2b3c4d5e", profile="3g.40gb"
+            ),
+            MigSpec(
+                parent_minor=6, gi=5, ci=0, uuid="MIG-c3d4e5f6-0718-5293-a4b5-c6d7e8f90a1b", profile="1g.10gb"
+            ),
+        ),
+        nvidia_major=507,
+        uvm_major=509,
+        caps_major=511,
+        imex_major=505,
     ),
 }
 
@@ -119,7 +165,15 @@ def _write(path: Path, text: str) -> None:
 
 
 def _proc_devices(spec: HostSpec) -> str:
-    chars = ["1 mem", "4 /dev/vc/0", "4 tty", "5 /dev/tty", "10 misc", "195 nvidia", "226 drm"]
+    chars = [
+        "1 mem",
+        "4 /dev/vc/0",
+        "4 tty",
+        "5 /dev/tty",
+        "10 misc",
+        f"{spec.nvidia_major} nvidia",
+        "226 drm",
+    ]
     chars += [f"{spec.caps_major} nvidia-caps", f"{spec.uvm_major} nvidia-uvm", "236 nvidia-nvlink"]
     if spec.imex_major is not None:
         chars.append(f"{spec.imex_major} nvidia-caps-imex-channels")
@@ -175,9 +229,9 @@ def _node(path: Path, major: int, minor: int, mode: int, mknod: bool) -> None:
 def _dev(root: Path, spec: HostSpec, mknod: bool) -> None:
     dev = root / "dev"
     for gpu in spec.gpus:
-        _node(dev / f"nvidia{gpu.minor}", 195, gpu.minor, 0o666, mknod)
-    _node(dev / "nvidiactl", 195, 255, 0o666, mknod)
-    _node(dev / "nvidia-modeset", 195, 254, 0o666, mknod)
+        _node(dev / f"nvidia{gpu.minor}", spec.nvidia_major, gpu.minor, 0o666, mknod)
+    _node(dev / "nvidiactl", spec.nvidia_major, 255, 0o666, mknod)
+    _node(dev / "nvidia-modeset", spec.nvidia_major, 254, 0o666, mknod)
     _node(dev / "nvidia-uvm", spec.uvm_major, 0, 0o666, mknod)
     _node(dev / "nvidia-uvm-tools", spec.uvm_major, 1, 0o666, mknod)
     for _path, minor, mode in _caps(spec):

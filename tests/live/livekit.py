@@ -4,8 +4,12 @@ Rule: every live test runs a real ``runc run`` with its own state root, a unique
 and cgroupsPath, and always ``runc delete -f`` afterwards. What the container sees is read back
 from its stdout with the ``probe_*`` pair, which tells EPERM (cgroup said no), ENXIO (allowed, no
 driver behind the fake node) and ENOENT (no node) apart by busybox ``cat``'s error text.
-The v2 runner mounts cgroup2 at /sys/fs/cgroup in a private mount namespace, so runc (and any
-hook it runs) sees a unified host and uses eBPF even on a hybrid machine.
+Host safety: runc (and so every hook it runs) always starts inside ``unshare -m`` with a private
+tmpfs over ``/dev`` (only the basic nodes), ``/run`` (the hook's default cache dir) and
+``/var/log`` (its default log), so a hook that regressed into writing outside the container
+writes into that throwaway namespace, never into the host's ``/dev``, cache or log. The v2
+runner also mounts cgroup2 at /sys/fs/cgroup there, so runc (and any hook it runs) sees a
+unified host and uses eBPF even on a hybrid machine.
 """
 
 from __future__ import annotations
@@ -170,13 +174,32 @@ def runc_command(bundle: Bundle, state_root: Path) -> list[str]:
     return [RUNC, "--root", str(state_root), "run", "--bundle", str(bundle.path), bundle.id]
 
 
+# A private host view: fresh /dev with only the basic nodes, throwaway /run and /var/log.
+PRIVATE_HOST_VIEW = """set -eu
+mount -t tmpfs -o mode=0755,nosuid tmpfs /dev
+mknod -m 666 /dev/null c 1 3; mknod -m 666 /dev/zero c 1 5; mknod -m 666 /dev/full c 1 7
+mknod -m 666 /dev/random c 1 8; mknod -m 666 /dev/urandom c 1 9; mknod -m 666 /dev/tty c 5 0
+mkdir /dev/pts /dev/shm /dev/mqueue
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -s pts/ptmx /dev/ptmx
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin
+ln -s /proc/self/fd/1 /dev/stdout; ln -s /proc/self/fd/2 /dev/stderr
+mount -t tmpfs -o mode=0755 tmpfs /run
+if [ -d /var/log ]; then mount -t tmpfs -o mode=0755 tmpfs /var/log; fi
+"""
+
+
+def private_host(cmd: list[str], *, cgroup2: bool = False) -> list[str]:
+    """``cmd`` inside ``unshare -m`` with the private host view (and cgroup2 when asked)."""
+    script = PRIVATE_HOST_VIEW + ("mount -t cgroup2 none /sys/fs/cgroup\n" if cgroup2 else "") + 'exec "$@"\n'
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "private-host", *cmd]
+
+
 def run_container(bundle: Bundle, *, cgroup2: bool = False, timeout: float = 60) -> RunResult:
-    """``runc run`` the bundle to completion (v1 host view, or cgroup2 when ``cgroup2``)."""
+    """``runc run`` the bundle to completion (v1 host view, or cgroup2 when ``cgroup2``), always
+    in a private mount namespace (see the module rule)."""
     state_root = bundle.path / "runc-state"
-    cmd = runc_command(bundle, state_root)
-    if cgroup2:
-        inner = "mount -t cgroup2 none /sys/fs/cgroup && exec " + " ".join(map(_quote, cmd))
-        cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", inner]
+    cmd = private_host(runc_command(bundle, state_root), cgroup2=cgroup2)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return RunResult(proc.returncode, proc.stdout, proc.stderr)
@@ -190,10 +213,6 @@ def run_container(bundle: Bundle, *, cgroup2: bool = False, timeout: float = 60)
 
 def _text(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
-
-
-def _quote(arg: str) -> str:
-    return "'" + arg.replace("'", "'\\''") + "'"
 
 
 def probe_args(paths: list[str]) -> list[str]:

@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 
 from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, cap_minor, make_host_tree
-from tests.live.livekit import Bundle, build_bundle, char_device, hook, parse_probe, probe_args, run_container
+from tests.live.livekit import (
+    Bundle,
+    build_bundle,
+    char_device,
+    hook,
+    parse_probe,
+    private_host,
+    probe_args,
+    run_container,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SLICE_UUID = "GPU-a158631e-3c5d-6f1e-9b2a-7d4c8e0f1a23"
@@ -236,9 +245,8 @@ def test_crun_on_cgroup_v2_narrows_the_slice_pod(bundle_dir: Path, host: dict[st
         pytest.skip("crun is not installed")
     b = slice_pod(bundle_dir, host)
     state = bundle_dir / "crun-state"
-    inner = f"mount -t cgroup2 none /sys/fs/cgroup && exec {crun} --root {state} run --bundle {b.path} {b.id}"
     proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+        private_host([crun, "--root", str(state), "run", "--bundle", str(b.path), b.id], cgroup2=True),
         capture_output=True,
         text=True,
         timeout=60,
