@@ -205,13 +205,21 @@ def test_unprivileged_gpu_request_gets_the_card_with_that_index(
     assert created["/dev/nvidiactl"] == (host.spec.nvidia_major, 255)
     assert created["/dev/nvidia-uvm"] == (host.spec.uvm_major, 0)
     assert [p for p in created if p.startswith("/dev/nvidia") and p[11:].isdigit()] == [f"/dev/nvidia{minor}"]
+    # rules and nodes come sorted by major, then minor (the report and the eBPF program are stable)
+    numbers = [(r["major"], r["minor"]) for r in rep["cgroup"]]
+    assert numbers == sorted(numbers) and len(set(r["major"] for r in rep["cgroup"])) > 1
 
 
-@pytest.mark.parametrize("form", ["gpu-mig-index", "mig-uuid"])
+@pytest.mark.parametrize("form", ["gpu-mig-index", "mig-uuid", "mig-gpu-uuid-gi-ci"])
 def test_mig_request_gets_its_parent_and_its_own_caps(
     host: Node, form: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ident = f"{host.mig_parent}:1" if form == "gpu-mig-index" else host.spec.migs[1].uuid
+    mig = host.spec.migs[1]
+    ident = {
+        "gpu-mig-index": f"{host.mig_parent}:1",
+        "mig-uuid": mig.uuid,
+        "mig-gpu-uuid-gi-ci": f"MIG-{host.spec.gpus[host.mig_parent].uuid}/{mig.gi}/{mig.ci}",
+    }[form]
     rc, rep = host.decide(tmp_path, config([f"NVIDIA_VISIBLE_DEVICES={ident}"]), capsys)
     assert (rc, rep["verdict"]) == (0, "apply"), rep["reason"]
     gi, ci = host.mig_caps(1)

@@ -101,7 +101,25 @@ def test_create_after_pivot_uses_namespace_root(tmp_path: Path, spawn: Callable[
 
 def test_after_pivot_works_without_rootfs(tmp_path: Path, spawn: Callable[[str], int]) -> None:
     pid = spawn(pivoted(make_rootfs(tmp_path)))
-    devnodes.apply(pid, [CAP2], []).run()
+    undo = devnodes.apply(pid, [CAP2], [])
+    st = os.lstat(in_ns(pid, None, CAP2.path))
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (237, 2)
+    assert undo.created == (CAP2.path,)
+    undo.run()
+    assert not in_ns(pid, None, CAP2.path).exists()
+
+
+def test_undo_leaves_a_node_that_replaced_ours(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    """Between apply and undo something else may take the path: undo removes only its own node
+    (mutant h08 drops that check)."""
+    pid = spawn(pivoted(make_rootfs(tmp_path)))
+    undo = devnodes.apply(pid, [CAP2], [])
+    ours = in_ns(pid, None, CAP2.path)
+    ours.unlink()
+    os.mknod(ours, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    undo.run()
+    st = os.lstat(ours)
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
 
 
 def test_unpivoted_without_rootfs_is_refused(tmp_path: Path, spawn: Callable[[str], int]) -> None:
