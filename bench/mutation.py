@@ -48,6 +48,7 @@ TESTS: dict[str, list[str]] = {
     "hook/cdi/edits.py": ["tests/cdi", *_CORE, "tests/test_survivors.py"],
     "hook/cdi/hostnodes.py": ["tests/cdi", *_CORE],
     "hook/gather.py": [*_CORE, "tests/test_cli.py"],
+    "hook/settings.py": ["tests/test_settings.py", *_CORE],
     "hook/nvidia/": ["tests/nvidia", *_CORE, "tests/test_cli.py", "tests/test_survivors.py"],
     "hook/entry.py": [
         "tests/test_fastpath.py",

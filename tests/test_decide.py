@@ -477,10 +477,13 @@ def test_policy_audit_changes_nothing_and_warns(tmp_path: Path, capsys) -> None:
 
 
 def test_policy_narrow_is_the_default(tmp_path: Path, capsys) -> None:
-    _rc, rep, _ = decide_for(
-        tmp_path, gen.bundles()["slice-privileged"], capsys, privileged_allocation="narrow"
+    """No privileged_allocation in the settings file: the plan is the explicit "narrow" one."""
+    _rc, default, _ = decide_for(tmp_path / "default", gen.bundles()["slice-privileged"], capsys)
+    narrowed_to(default, {GPU[1]})
+    _rc, narrow, _ = decide_for(
+        tmp_path / "narrow", gen.bundles()["slice-privileged"], capsys, privileged_allocation="narrow"
     )
-    narrowed_to(rep, {GPU[1]})
+    assert default["cgroup"] == narrow["cgroup"] and default["nodes"] == narrow["nodes"]
 
 
 # --- kubelet checkpoint: present, absent, corrupt ----------------------------------------------------------

@@ -109,7 +109,14 @@ def _checked(path: str, source: str, field: str) -> PurePosixPath:
     return p
 
 
+def _visible(mounts: tuple[Mount, ...]) -> list[Mount]:
+    """Mounts not hidden by a later mount on the same point (mountinfo lists the stack in order)."""
+    last = {m.mount_point: i for i, m in enumerate(mounts)}
+    return [m for i, m in enumerate(mounts) if last[m.mount_point] == i]
+
+
 def _pick_mount(mounts: tuple[Mount, ...], version: int, source: str) -> Mount:
+    mounts = tuple(_visible(mounts))
     if version == 2:
         found = [m for m in mounts if m.fstype == "cgroup2"]
         # prefer the mount at /sys/fs/cgroup itself when several exist

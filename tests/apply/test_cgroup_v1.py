@@ -109,7 +109,8 @@ def test_rollback_default_allow_undoes_only_our_denies(tmp_path: Path) -> None:
 
 def test_rollback_default_allow_after_wildcard_deny_writes_a(tmp_path: Path) -> None:
     cg = CgroupV1(fake_cgroup(tmp_path, "a *:* rwm\n"))
-    with pytest.raises(ApplyError):  # the fake list does not change, so the flip is not seen
+    # the fake list does not change, so the flip is not seen
+    with pytest.raises(ApplyError, match="rules without effect after writing: deny a"):
         cg.apply([Rule(allow=False), allow(195, 0)])
     (tmp_path / "devices.allow").write_text("")
     cg.rollback()

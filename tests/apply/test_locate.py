@@ -83,7 +83,7 @@ def test_refusals_name_the_field(cgroup: str, mounts: str, field: str) -> None:
 
 def test_cgroup_outside_mount_root_is_apply_error() -> None:
     mounts = "53 48 0:33 /kubepods /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
-    with pytest.raises(ApplyError):
+    with pytest.raises(ApplyError, match=r"cgroup /system\.slice/x is outside the mounted root /kubepods"):
         target("5:devices:/system.slice/x\n", mounts)
 
 
@@ -113,3 +113,19 @@ def test_find_on_this_host_matches_own_cgroup_file() -> None:
     line = next(ln for ln in text.splitlines() if (":devices:" in ln) == (got.version == 1) and ln)
     assert str(got.path).endswith(line.split(":", 2)[2].rstrip("/")) or line.endswith(":/")
     assert got.path.is_dir()
+
+
+def test_a_mount_stacked_on_the_devices_hierarchy_is_the_one_used() -> None:
+    """A bind mount of a sub-cgroup over /sys/fs/cgroup/devices hides the original mount there:
+    paths are relative to the visible mount's root (the live tests rely on it)."""
+    mounts = (
+        "53 48 0:33 / /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
+        "90 53 0:33 /guard /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
+    )
+    got = target("5:devices:/guard/odh-live/c1\n", mounts)
+    assert got == CgroupTarget(version=1, path=Path("/sys/fs/cgroup/devices/odh-live/c1"))
+    v2 = (
+        "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+        "91 30 0:26 /guard /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    )
+    assert target("0::/guard/c2\n", v2) == CgroupTarget(version=2, path=Path("/sys/fs/cgroup/c2"))

@@ -51,8 +51,15 @@ def probe(cgroup: Path, *nodes: Path) -> list[str]:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[dict[str, object]]:
-    """A scratch cgroup, a namespace process with a tmpfs /dev over ``rootfs/dev``, a fake /proc."""
-    cgroup = V1_DEVICES / f"odh-tx-{uuid.uuid4().hex[:8]}"
+    """A scratch cgroup, a namespace process with a tmpfs /dev over ``rootfs/dev``, a fake /proc.
+
+    The fake mountinfo says the devices hierarchy is mounted at a scratch parent cgroup and the
+    process lives in its child ``ctr``: whatever path a regressed locate step computes from
+    them stays inside cgroups this fixture made, never the machine's root device cgroup.
+    """
+    parent = V1_DEVICES / f"odh-tx-{uuid.uuid4().hex[:8]}"
+    parent.mkdir()
+    cgroup = parent / "ctr"
     cgroup.mkdir()
     rootfs = tmp_path / "rootfs"
     (rootfs / "dev").mkdir(parents=True)
@@ -66,7 +73,7 @@ def world(tmp_path: Path) -> Iterator[dict[str, object]]:
     (fake / "self").mkdir()
     (fake / str(proc.pid) / "cgroup").write_text(f"5:devices:/{cgroup.name}\n0::/\n")
     (fake / str(proc.pid) / "ns").symlink_to(f"/proc/{proc.pid}/ns")
-    (fake / "self" / "mountinfo").write_text(f"53 48 0:33 / {V1_DEVICES} rw - cgroup cgroup rw,devices\n")
+    (fake / "self" / "mountinfo").write_text(f"53 48 0:33 / {parent} rw - cgroup cgroup rw,devices\n")
     nodes = []
     for minor in (1, 2):
         nodes.append(tmp_path / f"nvidia{minor}")
@@ -75,6 +82,7 @@ def world(tmp_path: Path) -> Iterator[dict[str, object]]:
     proc.kill()
     proc.wait()
     cgroup.rmdir()
+    parent.rmdir()
 
 
 def cap2_in(world: dict[str, object]) -> Path:

@@ -189,9 +189,25 @@ if [ -d /var/log ]; then mount -t tmpfs -o mode=0755 tmpfs /var/log; fi
 """
 
 
+# The device cgroup root runc and the hook see is a scratch cgroup (GUARD): a hook that regressed
+# into writing the hierarchy's root (v1 devices.deny, a v2 program on the root) hits the scratch
+# cgroup, not the machine's. The container's cgroupsPath stays inside it too.
+GUARD = "odh-guard"
+_V1_GUARD = f"""if [ -e /sys/fs/cgroup/devices/devices.list ]; then
+mkdir -p /sys/fs/cgroup/devices/{GUARD}
+mount --bind /sys/fs/cgroup/devices/{GUARD} /sys/fs/cgroup/devices
+fi
+"""
+_V2_GUARD = f"""mount -t cgroup2 none /sys/fs/cgroup
+mkdir -p /sys/fs/cgroup/{GUARD}
+mount --bind /sys/fs/cgroup/{GUARD} /sys/fs/cgroup
+"""
+
+
 def private_host(cmd: list[str], *, cgroup2: bool = False) -> list[str]:
-    """``cmd`` inside ``unshare -m`` with the private host view (and cgroup2 when asked)."""
-    script = PRIVATE_HOST_VIEW + ("mount -t cgroup2 none /sys/fs/cgroup\n" if cgroup2 else "") + 'exec "$@"\n'
+    """``cmd`` inside ``unshare -m`` with the private host view and the guarded cgroup root
+    (a unified cgroup2 one when ``cgroup2``)."""
+    script = PRIVATE_HOST_VIEW + (_V2_GUARD if cgroup2 else _V1_GUARD) + 'exec "$@"\n'
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "private-host", *cmd]
 
 
@@ -205,10 +221,9 @@ def run_container(bundle: Bundle, *, cgroup2: bool = False, timeout: float = 60)
         return RunResult(proc.returncode, proc.stdout, proc.stderr)
     except subprocess.TimeoutExpired as exc:
         return RunResult(124, _text(exc.stdout), _text(exc.stderr) + "\n[timed out]")
-    finally:
-        subprocess.run(
-            [RUNC, "--root", str(state_root), "delete", "-f", bundle.id], capture_output=True, timeout=30
-        )
+    finally:  # in the same view: runc's state names cgroup paths as seen inside it
+        delete = [RUNC, "--root", str(state_root), "delete", "-f", bundle.id]
+        subprocess.run(private_host(delete, cgroup2=cgroup2), capture_output=True, timeout=30)
 
 
 def _text(data: bytes | str | None) -> str:

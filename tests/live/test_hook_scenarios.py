@@ -252,7 +252,8 @@ def test_crun_on_cgroup_v2_narrows_the_slice_pod(bundle_dir: Path, host: dict[st
         timeout=60,
         stdin=subprocess.DEVNULL,
     )
-    subprocess.run([crun, "--root", str(state), "delete", "-f", b.id], capture_output=True, timeout=30)
+    delete = [crun, "--root", str(state), "delete", "-f", b.id]
+    subprocess.run(private_host(delete, cgroup2=True), capture_output=True, timeout=30)
     if "setrlimit (RLIM_MEMLOCK)" in proc.stderr:
         # crun raises RLIMIT_MEMLOCK to infinity before loading eBPF: that needs CAP_SYS_RESOURCE,
         # which this machine's bounding set lacks. Nothing of the hook ran.

@@ -3,16 +3,22 @@
 Rule: everything happens on this host for real (dpkg, podman, runc, cgroups, mount namespaces),
 but nothing outside the test's temporary directory is left behind: podman uses a private
 storage root, the fake GPUs live on a tmpfs /dev inside ``unshare -m``, and the package is
-purged at the end even when a test fails. Needs root, podman, runc, dpkg and busybox.
+purged at the end even when a test fails. Concurrent runs on one machine take turns (a lock
+file in /tmp); a package found installed before the run fails the tests with that message: this
+test never removes an install it did not make. Needs root, podman, runc, dpkg and busybox.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +27,7 @@ from tests.hosttree import make_host_tree
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = "oci-device-hook"
+LOCK = Path("/tmp/oci-device-hook-deb-test.lock")
 HOOK = Path("/usr/libexec/oci-device-hook/hook")
 HOOKS_JSON = Path("/usr/share/containers/oci/hooks.d/oci-device-hook.json")
 CONFFILES = (Path("/etc/oci-device-hook/config.yaml"), Path("/etc/logrotate.d/oci-device-hook"))
@@ -40,9 +47,11 @@ def _missing() -> str:
         return "busybox-static not installed"
     if not (REPO / "hook/entry.py").exists():
         return "hook/entry.py not written yet"
-    if subprocess.run(["dpkg", "-s", PKG], capture_output=True).returncode == 0:
-        return f"{PKG} is already installed on this host; not touching it"
     return ""
+
+
+def _installed_on_host() -> bool:
+    return subprocess.run(["dpkg", "-s", PKG], capture_output=True).returncode == 0
 
 
 pytestmark = pytest.mark.skipif(bool(_missing()), reason=_missing() or "ok")
@@ -58,6 +67,35 @@ def _sh(*cmd: str, timeout: int = 120, check: bool = True) -> subprocess.Complet
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory):
     """Build and install the package; purge it afterwards whatever happened. Yields dpkg -L."""
+    with _one_at_a_time():
+        yield from _install_and_purge(tmp_path_factory)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(timeout: float = 900) -> Iterator[None]:
+    """Other sessions on this machine may run this module too: one package install at a time."""
+    with open(LOCK, "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another run held {LOCK} for {timeout:.0f} s; not installing over it")
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _install_and_purge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Path]]:
+    if _installed_on_host():
+        pytest.fail(
+            f"precondition broken: {PKG} is already installed on this host (an earlier run killed "
+            f"before its cleanup, or an operator's install); not touching it. `dpkg -P {PKG}` and rerun."
+        )
     out = tmp_path_factory.mktemp("deb")
     deb = _sh(str(REPO / "packaging/build-deb"), str(out), timeout=600).stdout.strip().splitlines()[-1]
     env = {**os.environ, "OCI_DEVICE_HOOK_SKIP_DOCTOR": "1", "DEBIAN_FRONTEND": "noninteractive"}
@@ -67,7 +105,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory):
         files = [Path(p) for p in _sh("dpkg", "-L", PKG).stdout.split()]
         yield files
     finally:
-        subprocess.run(["dpkg", "-P", PKG], capture_output=True, timeout=300)
+        purge = subprocess.run(["dpkg", "-P", PKG], capture_output=True, text=True, timeout=300)
+        assert not _installed_on_host(), f"dpkg -P {PKG} left it installed: {purge.stderr}"
 
 
 @pytest.fixture(scope="module")

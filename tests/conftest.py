@@ -1,0 +1,51 @@
+"""Suite-wide host-safety guard (docs/testing.md, "Host safety").
+
+Rule: the suite may only touch what it creates (temp dirs, scratch cgroups, private mount
+namespaces). This guard checks the two things a regression could break on the machine itself:
+the root device cgroup (v1) must still allow everything, and no ``nvidia*`` entry may appear in
+or vanish from the host's ``/dev``. A broken precondition left by an earlier run is reported as
+such once, at the start, instead of as a string of unrelated failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT_DEVICES_LIST = Path("/sys/fs/cgroup/devices/devices.list")
+
+
+def _root_devices_list() -> str | None:
+    try:
+        return ROOT_DEVICES_LIST.read_text().strip()
+    except OSError:
+        return None  # no v1 devices hierarchy here
+
+
+def _host_dev_nvidia() -> set[str]:
+    dev = Path("/dev")
+    found = {p.name for p in dev.glob("nvidia*")}
+    caps = dev / "nvidia-caps"
+    if caps.is_dir():
+        found |= {f"nvidia-caps/{p.name}" for p in caps.iterdir()}
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_untouched() -> Iterator[None]:
+    before = _root_devices_list()
+    if before is not None and before != "a *:* rwm":
+        pytest.fail(
+            f"precondition broken before this run: {ROOT_DEVICES_LIST} reads {before!r}, not 'a *:* rwm' "
+            "(an earlier run or another tool narrowed the root device cgroup; restore it with "
+            f"`echo a > {ROOT_DEVICES_LIST.parent}/devices.allow` and rerun)"
+        )
+    nodes = _host_dev_nvidia()
+    yield
+    after = _root_devices_list()
+    assert after == before, f"the suite changed {ROOT_DEVICES_LIST}: {before!r} -> {after!r}"
+    now = _host_dev_nvidia()
+    added, removed = sorted(now - nodes), sorted(nodes - now)
+    assert now == nodes, f"the suite changed the host's /dev: added {added}, removed {removed}"
