@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import datetime
 import hashlib
+import itertools
 import math
 import os
 import shutil
@@ -37,24 +38,25 @@ DATA = REPO / "bench" / "mutants.tsv"
 DOC = REPO / "docs" / "testing.md"
 BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
 
-# The modules issue 17 targets (>= 90 %), and the tests that are meant to pin each of them.
-_CORE = ["tests/test_decide.py", "tests/test_topologies.py", "tests/test_examples.py", "tests/test_gather.py"]
+# The modules issue 17 targets (>= 90 %), and the tests that are meant to pin each of them,
+# fastest and most specific first (-x stops at the first failure, so a killed mutant costs little).
+_CORE = ["tests/test_topologies.py", "tests/test_gather.py", "tests/test_examples.py", "tests/test_decide.py"]
 TESTS: dict[str, list[str]] = {
-    "hook/decide.py": [*_CORE, "tests/test_report.py", "tests/test_survivors.py"],
-    "hook/requests.py": ["tests/test_requests.py", *_CORE, "tests/test_survivors.py"],
+    "hook/decide.py": ["tests/test_survivors.py", *_CORE, "tests/test_report.py"],
+    "hook/requests.py": ["tests/test_requests.py", "tests/test_survivors.py", *_CORE],
     "hook/rules.py": ["tests/test_rules.py", "tests/test_oci.py", "tests/apply", *_CORE],
     "hook/apply/": ["tests/apply", "tests/test_survivors.py"],
     "hook/cdi/registry.py": ["tests/cdi", *_CORE, "tests/test_cli.py"],
-    "hook/cdi/edits.py": ["tests/cdi", *_CORE, "tests/test_survivors.py"],
+    "hook/cdi/edits.py": ["tests/cdi", "tests/test_survivors.py", *_CORE],
     "hook/cdi/hostnodes.py": ["tests/cdi", *_CORE],
     "hook/gather.py": [*_CORE, "tests/test_cli.py"],
     "hook/settings.py": ["tests/test_settings.py", *_CORE],
-    "hook/nvidia/": ["tests/nvidia", *_CORE, "tests/test_cli.py", "tests/test_survivors.py"],
+    "hook/nvidia/": ["tests/nvidia", "tests/test_survivors.py", *_CORE, "tests/test_cli.py"],
     "hook/entry.py": [
         "tests/test_fastpath.py",
+        "tests/test_survivors.py",
         "tests/test_fastpath_settings.py",
         "tests/test_cli.py",
-        "tests/test_survivors.py",
     ],
 }
 TARGETS = [
@@ -303,7 +305,6 @@ def _pytest(copy: Path, tests: Sequence[str], timeout: float) -> tuple[int, floa
     env = {
         **os.environ,
         "PYTHONPATH": str(copy),
-        "PYTHONDONTWRITEBYTECODE": "1",
         "PATH": f"{REPO / '.venv/bin'}:{os.environ.get('PATH', '')}",
     }
     cmd = [
@@ -331,6 +332,9 @@ def _existing(copy: Path, tests: Sequence[str]) -> list[str]:
     return [t for t in tests if (copy / t).exists()]
 
 
+_STAMPS = itertools.count()
+
+
 def run_one(copy: Path, m: Mutant, timeout: float) -> Result:
     path = copy / m.module
     original = path.read_text()
@@ -342,11 +346,17 @@ def run_one(copy: Path, m: Mutant, timeout: float) -> Result:
         compile(text, m.module, "exec")
     except SyntaxError:
         return Result(m, "invalid", 0.0, lineno)
+    # Bytecode stays cached: the mutated file gets an mtime of its own (a stale .pyc of another
+    # mutant can never match it), the restored one its original mtime (its .pyc stays valid).
+    mtime = path.stat().st_mtime_ns
     try:
         path.write_text(text)
+        stamp = mtime + (next(_STAMPS) * 1000 + 1000) * 1_000_000_000
+        os.utime(path, ns=(stamp, stamp))
         rc, secs = _pytest(copy, _existing(copy, tests_for(m.module)), timeout)
     finally:
         path.write_text(original)
+        os.utime(path, ns=(mtime, mtime))
     status = "timeout" if rc == -1 else "survived" if rc == 0 else "killed"
     if rc in (4, 5):  # usage error or nothing collected: the subset is broken, not the mutant killed
         status = "invalid"
@@ -358,23 +368,31 @@ def _copy_tree(dest: Path) -> Path:
     return dest
 
 
-def baseline(copy: Path, modules: Sequence[str]) -> dict[str, float]:
-    """Each needed subset must pass unmutated; its time sets the mutant's timeout."""
-    times: dict[str, float] = {}
-    for key in sorted({tuple(tests_for(m)) for m in modules}):
-        rc, secs = _pytest(copy, _existing(copy, key), 900)
+def baseline(copies: Sequence[Path], modules: Sequence[str]) -> dict[str, float]:
+    """Each needed subset must pass unmutated (one per worker at a time); its time sets the
+    mutants' timeout. This also compiles every copy's bytecode once."""
+    keys = sorted({tuple(tests_for(m)) for m in modules})
+    free = list(copies)
+
+    def one(key: tuple[str, ...]) -> float:
+        copy = free.pop()
+        try:
+            rc, secs = _pytest(copy, _existing(copy, key), 900)
+        finally:
+            free.append(copy)
         if rc != 0:
             raise SystemExit(f"bench/mutate: the unmutated tests fail ({' '.join(key)}): fix them first")
-        for m in modules:
-            if tuple(tests_for(m)) == key:
-                times[m] = secs
-    return times
+        return secs
+
+    with concurrent.futures.ThreadPoolExecutor(len(copies)) as pool:
+        took = dict(zip(keys, pool.map(one, keys), strict=True))
+    return {m: took[tuple(tests_for(m))] for m in modules}
 
 
 def run_all(mutants: Sequence[Mutant], jobs: int, log: Path | None) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="odh-mutate-") as tmp:
         copies = [_copy_tree(Path(tmp) / f"w{i}") for i in range(jobs)]
-        base = baseline(copies[0], sorted({m.module for m in mutants}))
+        base = baseline(copies, sorted({m.module for m in mutants}))
         free = list(copies)
         results: list[Result] = []
 
@@ -472,6 +490,16 @@ def _selected(m: Mutant, prefix: str) -> bool:
     return m.ident.startswith(prefix) or ("/" in prefix and m.module.startswith(prefix))
 
 
+def _exit_on_term() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the temp copies are removed when a run is stopped."""
+    import signal
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/mutate", description=__doc__.splitlines()[0])
     ap.add_argument("--generate", type=int, metavar="N", help="rewrite bench/mutants.tsv with ~N AST mutants")
@@ -496,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mutants = [
             m for m in mutants if any(m.ident.startswith(p) or m.module.startswith(p) for p in args.only)
         ]
+    _exit_on_term()
     start = time.monotonic()
     results = run_all(mutants, max(1, args.jobs), args.log)
     text = report(results, time.monotonic() - start, args.jobs)
