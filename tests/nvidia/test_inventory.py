@@ -38,12 +38,16 @@ def test_mig_without_need_uses_proc_only(fake_host, nvml_for) -> None:
     assert inv.gpus[0].mig_enabled and not inv.gpus[1].mig_enabled
 
 
-def test_mig_uuids_come_from_nvml_then_cache(fake_host, nvml_for) -> None:
-    root, spec = fake_host("8x-mig")
-    fake = nvml_for("8x-mig")
+@pytest.mark.parametrize("topology", ["8x-mig", "8x-shuffled"])
+def test_mig_uuids_come_from_nvml_then_cache(fake_host, nvml_for, topology: str) -> None:
+    root, spec = fake_host(topology)
+    fake = nvml_for(topology)
     first = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
     assert fake.init_calls == 1 and first.source == "proc+nvml"
     assert [m.uuid for m in first.migs] == [m.uuid for m in spec.migs]
+    parent = next(g for g in spec.gpus if g.mig_enabled)
+    assert {(m.parent_index, m.parent_minor) for m in first.migs} == {(parent.index, parent.minor)}
+    assert [(g.index, g.minor) for g in first.gpus] == [(g.index, g.minor) for g in spec.gpus]
     assert (CACHE / "inventory.json").is_file()
     second = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
     assert fake.init_calls == 1 and second.source == "cache"
