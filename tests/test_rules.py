@@ -119,6 +119,11 @@ def test_evaluate_refuses_questions_the_kernel_never_asks(probe: tuple) -> None:
             (rule(True, C, 1, None, access=W), rule(True, C, 1, 3, access=R)),
         ),
         (
+            "every type counts as wider than one type's every device",
+            (rule(True, C, None, None, access=M), rule(True, A, None, None, access=R)),
+            (rule(True, A, None, None, access=R), rule(True, C, None, None, access=M)),
+        ),
+        (
             "order kept when it matters",
             (rule(False, C, 1, 3), rule(True, C, 1, None)),
             (rule(True, C, 1, None),),

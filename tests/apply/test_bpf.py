@@ -246,3 +246,65 @@ def test_refuses_an_original_it_cannot_reload(name: str, orig: bytes, message: s
 def test_builder_normalizes_first() -> None:
     twice = bpf.build_program([GPU0, GPU0, DENY_ALL, GPU0], None, False)
     assert twice == bpf.build_program(normalize([DENY_ALL, GPU0]), None, False)
+
+
+def test_disasm_spells_each_instruction_form() -> None:
+    """The golden listings only hold what the builder emits; the disassembler also reads runc's and
+    crun's programs, so every form it knows is pinned here (mod, 64-bit shifts, signed shifts,
+    ``ja``, 32-bit jumps, register compares, and the fallback for an unknown opcode)."""
+    i = bpf.Insn
+    prog = [
+        i(0x61, dst=2, src=1, off=4),
+        i(0x94, dst=1, imm=3),
+        i(0x67, dst=3, imm=2),
+        i(0xCC, dst=4, src=5),
+        i(0x05, off=2),
+        i(0x16, dst=2, imm=7, off=1),
+        i(0x5D, dst=1, src=3, off=0),
+        i(0xB4, dst=0, imm=1),
+        i(bpf.EXIT),
+        i(0xFF, dst=1, src=2, off=3, imm=9),
+    ]
+    assert bpf.disasm(b"".join(x.encode() for x in prog)).splitlines() == [
+        "    0: r2 = *(u32 *)(r1 +4)",
+        "    1: w1 %= 3",
+        "    2: r3 <<= 2",
+        "    3: w4 s>>= w5",
+        "    4: goto pc+2 <block-0>",
+        "    5: if w2 == 7 goto pc+1 <block-0>",
+        "    6: if r1 != r3 goto pc+0 <block-0>",
+        "block-0:",
+        "    7: w0 = 1",
+        "    8: exit",
+        "    9: .insn op=0xff dst=r1 src=r2 off=3 imm=9",
+    ]
+
+
+ALU_TEXT = {0x00: "+=", 0x10: "-=", 0x20: "*=", 0x30: "/=", 0x40: "|=", 0x50: "&=", 0x60: "<<=", 0x70: ">>=",
+            0x90: "%=", 0xA0: "^=", 0xB0: "=", 0xC0: "s>>="}  # fmt: skip
+JMP_TEXT = {0x10: "==", 0x20: ">", 0x30: ">=", 0x40: "&", 0x50: "!=", 0x60: "s>", 0x70: "s>=", 0xA0: "<",
+            0xB0: "<=", 0xC0: "s<", 0xD0: "s<="}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "text"), sorted(ALU_TEXT.items()))
+def test_disasm_alu_operators(code: int, text: str) -> None:
+    """bpftool's spelling of each ALU operation, 32-bit (``w``) and 64-bit (``r``), K and X forms."""
+    prog = [bpf.Insn(code | 0x04, dst=1, imm=5), bpf.Insn(code | 0x07 | 0x08, dst=2, src=3)]
+    lines = bpf.disasm(b"".join(x.encode() for x in prog)).splitlines()
+    assert lines == [f"    0: w1 {text} 5", f"    1: r2 {text} r3"]
+
+
+@pytest.mark.parametrize(("code", "text"), sorted(JMP_TEXT.items()))
+def test_disasm_jump_operators(code: int, text: str) -> None:
+    prog = [
+        bpf.Insn(code | 0x05, dst=1, imm=5, off=1),
+        bpf.Insn(code | 0x06 | 0x08, dst=2, src=3),
+        bpf.Insn(bpf.EXIT),
+    ]
+    lines = bpf.disasm(b"".join(x.encode() for x in prog)).splitlines()
+    assert lines == [
+        f"    0: if r1 {text} 5 goto pc+1 <block-0>",
+        f"    1: if w2 {text} w3 goto pc+0 <block-0>",
+        "block-0:",
+        "    2: exit",
+    ]
