@@ -290,6 +290,43 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
         return False
 
 
+def _precreate_fast(opts: dict[str, list[str]], stdin: bytes) -> bool:
+    """``hook precreate``'s fast path: this config (on stdin) needs no decision, pass it on as is."""
+    fast = _fast_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1])
+    if fast is None:
+        return False
+    try:
+        config = _loads(stdin)
+        if not isinstance(config, dict) or not _well_formed({"bundle": "-"}, config):
+            return False
+        return not needs_decision(config, {}, *fast)
+    except (ValueError, TypeError, AttributeError):
+        return False
+
+
+def _write_out(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+
+
+def precreate(opts: dict[str, list[str]]) -> int:
+    """Config in on stdin, decided config out on stdout (hooks.d ``precreate``, the runtime wrapper)."""
+    try:
+        stdin = _read(0, MAX_CONFIG)
+    except (OSError, ValueError):
+        stdin = b""
+    if len(stdin) <= MAX_CONFIG and _precreate_fast(opts, stdin):
+        _write_out(stdin)
+        return 0
+    from hook.precreate import run_precreate
+
+    code, out = run_precreate(opts, stdin)
+    if out:
+        _write_out(out)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parsed = _split(argv)
@@ -299,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv)
     opts, positional = parsed
     stage = positional[0] if positional else "prestart"
+    if stage == "precreate":
+        return precreate(opts)
     if stage not in LIVE_STAGES:  # interface.md: any other stage is a no-op (forward compatible)
         if stage not in OTHER_STAGES:
             sys.stderr.write(f"oci-device-hook: stage {stage!r} is not prestart/createRuntime: no-op\n")

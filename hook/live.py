@@ -13,25 +13,26 @@ from typing import Any
 
 from hook.decide import decide
 from hook.errors import HookError, InputError
-from hook.gather import DEFAULT_SPEC_DIRS, Options, load_inputs
-from hook.oci import parse_state
+from hook.gather import Options, load_config, load_inputs
+from hook.oci import OciConfig, parse_state
 from hook.plan import Verdict
 from hook.record import replace
 from hook.report import build_report
 from hook.settings import DEFAULT_PATH, Settings, load_settings
 
-__all__ = ["options_from", "run_live"]
+__all__ = ["options_from", "log_record", "run_live"]
 
 STDIN = "state (stdin)"
 
 
 def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
-    spec_dirs = tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())) or DEFAULT_SPEC_DIRS
+    """Live and precreate argv as Options; what is not given comes from the settings (``gather.resolved``)."""
     inventory = opts.get("--inventory")
     config = opts.get("--config")
+    root = opts.get("--driver-root")
     return Options(
-        driver_root=Path((opts.get("--driver-root") or ["/"])[-1]),
-        spec_dirs=spec_dirs,
+        driver_root=Path(root[-1]) if root else None,
+        spec_dirs=tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())),
         inventory_file=Path(inventory[-1]) if inventory else None,
         settings_file=Path(config[-1]) if config else None,
         use_cache=use_cache,
@@ -58,6 +59,18 @@ def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
             sys.stderr.write(f"oci-device-hook: warning: fast path cache: {problem}\n")
 
 
+log_record = _log  # precreate logs the same record to the same file
+
+
+def _decided_before(config: OciConfig, settings: Settings) -> bool:
+    """``hook precreate`` on this node decided exactly these nodes and rules (``hook.marker``)."""
+    from hook.marker import ANNOTATION, load_key, verify
+
+    if ANNOTATION not in config.annotations:
+        return False
+    return verify(load_key(Path(settings.cache_dir), create=False), config)
+
+
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
@@ -68,7 +81,15 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         _remember(opts, settings)
         state = parse_state(stdin, STDIN)
         container = state.id
-        inputs = load_inputs(state, replace(options, settings=settings))
+        config = load_config(state)
+        if _decided_before(config, settings):
+            _log(
+                {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do",
+                 "container": {"id": container}},
+                settings,
+            )
+            return 0
+        inputs = load_inputs(state, replace(options, settings=settings), config)
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
