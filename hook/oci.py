@@ -75,6 +75,7 @@ class OciConfig:
     resource_rules: tuple[Rule, ...]
     annotations: Mapping[str, str]
     warnings: tuple[str, ...] = ()
+    cgroups_path: str = ""  # linux.cgroupsPath as written: /abs, rel/ative or slice:prefix:name
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -296,5 +297,6 @@ def parse_config_object(obj: dict[str, Any], source: str, bundle: str) -> OciCon
         ),
         annotations=_str_map(obj.get("annotations"), source, "annotations"),
         warnings=tuple(warnings),
+        cgroups_path=_str(linux, "cgroupsPath", source, "linux.", default=""),
         raw=obj,
     )

@@ -22,7 +22,7 @@ from typing import Any
 from hook.decide import decide
 from hook.errors import HookError
 from hook.gather import host_devices, inputs_for_config, resolved
-from hook.live import log_record, options_from
+from hook.live import options_from
 from hook.marker import ANNOTATION, load_key, sign, verify
 from hook.oci import OciConfig, parse_config, parse_config_object
 from hook.plan import Plan, Verdict
@@ -54,6 +54,18 @@ def decided_config(
     return fold_plan(out, plan, host_devices(driver_root))
 
 
+def _log(record: dict[str, Any], settings: Settings | None, config: OciConfig | None) -> None:
+    """The live mode's log line; never on stdout (that is the config), whoever runs it."""
+    from hook.log import write_log
+    from hook.logrecord import stamp
+
+    s = settings or Settings()
+    line = stamp(record, dict(config.annotations) if config is not None else {})
+    problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
+    if problem:
+        sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
+
+
 def _cdi_names(config: OciConfig, settings: Settings) -> list[str]:
     from hook.requests import Kind, collect
 
@@ -70,6 +82,7 @@ def _container_id(config: OciConfig) -> str:
 def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]:
     """(exit code, bytes for stdout): the decided config, or the input unchanged."""
     settings: Settings | None = None
+    config: OciConfig | None = None
     container = ""
     try:
         options = options_from(opts, use_cache=True)
@@ -93,11 +106,11 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
             ]
         report["stage"] = "precreate"
         if plan.verdict is Verdict.DENY:
-            log_record(report, settings)
+            _log(report, settings, config)
             sys.stderr.write(f"oci-device-hook: deny: {plan.reason}\n")
             return 3, b""
         if not plan.changes:
-            log_record(report, settings)
+            _log(report, settings, config)
             return 0, stdin
         out = decided_config(config, plan, settings, options.driver_root or Path("/"), options.spec_dirs)
         key = load_key(Path(settings.cache_dir), create=True)
@@ -110,16 +123,17 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
                 *report.get("warnings", []),
                 "no marker key: a prestart hook will decide again",
             ]
-        log_record(report, settings)
+        _log(report, settings, config)
         return 0, (json.dumps(out, indent=2) + "\n").encode()
     except HookError as exc:
         if _passes_through(stdin):
             sys.stderr.write(f"oci-device-hook: warning: {exc} (container needs no decision: unchanged)\n")
             return 0, stdin
         sys.stderr.write(f"oci-device-hook: {exc}\n")
-        log_record(
+        _log(
             {"verdict": "error", "stage": "precreate", "container": {"id": container}, "error": str(exc)},
             settings,
+            config,
         )
         return exc.exit_code, b""
 
