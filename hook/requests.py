@@ -155,7 +155,9 @@ def _from_checkpoint(
             if any(key.startswith(p) for p in settings.cdi_annotation_prefixes):
                 cdi += [n.strip() for n in a.annotations[key].split(",") if "=" in n]
         out += [DeviceRequest(source=src, value=n, kind=Kind.CDI, from_plugin=True) for n in cdi]
-        env_ids = split_ids(a.envs.get(VISIBLE_ENV, ""))
+        # NVIDIA's env names NVIDIA devices only in an NVIDIA GPU's allocation, never a NIC's
+        gpu = gpu_resource(a.resource, settings)
+        env_ids = split_ids(a.envs.get(VISIBLE_ENV, "")) if gpu else ()
         if env_ids and not env_ids[0].startswith("/"):
             out += [_id_request(t, src, True) for t in env_ids]
         elif env_ids:
@@ -170,7 +172,7 @@ def _from_checkpoint(
                     node=by_path.get(cpath),
                 )
             )
-        if not (cdi or env_ids or a.device_paths) and gpu_resource(a.resource, settings):
+        if not (cdi or env_ids or a.device_paths) and gpu:
             ids = dict.fromkeys(
                 d.split("::")[0] for d in a.device_ids
             )  # time-slicing replicas: "<uuid>::<n>"

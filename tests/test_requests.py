@@ -15,8 +15,8 @@ from hook.requests import collect, is_accelerator, is_privileged
 from hook.settings import EnvRequests, Settings
 from tests.bundles import (
     ALLOW_ALL,
-    POD_ANNOTATIONS,
     DEFAULT_RULES,
+    POD_ANNOTATIONS,
     alloc_resp,
     checkpoint,
     checkpoint_entry,
