@@ -154,7 +154,7 @@ def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
     from hook.precreate import decided_config
 
     opts = _options(o, use_cache=False)
-    config = decided_config(inputs.config, plan, inputs.settings, opts.driver_root, opts.spec_dirs)
+    config = decided_config(inputs, plan, opts.driver_root, opts.spec_dirs)
     try:
         out.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     except OSError as exc:

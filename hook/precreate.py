@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hook.decide import decide
+from hook.decide import Inputs, decide
 from hook.errors import HookError
 from hook.gather import host_devices, inputs_for_config, resolved
 from hook.live import options_from
@@ -38,13 +38,14 @@ CONTAINER_ID_ENV = "OCI_DEVICE_HOOK_CONTAINER_ID"  # the wrapper knows the id; h
 
 
 def decided_config(
-    config: OciConfig, plan: Plan, settings: Settings, driver_root: Path, spec_dirs: tuple[Path, ...]
+    inputs: Inputs, plan: Plan, driver_root: Path, spec_dirs: tuple[Path, ...]
 ) -> dict[str, Any]:
     """The config the runtime should get: CDI edits for CDI requests, then the Plan (allow-list)."""
+    from hook.requests import Kind
     from hook.specwriter import fold_cdi, fold_plan
 
-    out: dict[str, Any] = dict(config.raw)
-    names = _cdi_names(config, settings)
+    out: dict[str, Any] = dict(inputs.config.raw)
+    names = [r.value for r in inputs.requests.items if r.kind is Kind.CDI]
     if names:
         from hook.cdi.hostnodes import fill
         from hook.cdi.registry import Registry
@@ -64,14 +65,6 @@ def _log(record: dict[str, Any], settings: Settings | None, config: OciConfig | 
     problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
         sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
-
-
-def _cdi_names(config: OciConfig, settings: Settings) -> list[str]:
-    from hook.requests import Kind, collect
-
-    return [
-        r.value for r in collect(config, dict(config.annotations), settings, ()).items if r.kind is Kind.CDI
-    ]
 
 
 def _container_id(config: OciConfig) -> str:
@@ -112,7 +105,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
         if not plan.changes:
             _log(report, settings, config)
             return 0, stdin
-        out = decided_config(config, plan, settings, options.driver_root or Path("/"), options.spec_dirs)
+        out = decided_config(inputs, plan, options.driver_root or Path("/"), options.spec_dirs)
         key = load_key(Path(settings.cache_dir), create=True)
         if key is not None:
             annotations = out.setdefault("annotations", {})
