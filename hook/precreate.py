@@ -22,7 +22,7 @@ from typing import Any
 from hook.decide import Inputs, decide
 from hook.errors import HookError
 from hook.gather import host_devices, inputs_for_config, resolved
-from hook.live import options_from
+from hook.live import _remember, options_from
 from hook.marker import ANNOTATION, load_key, sign, verify
 from hook.oci import OciConfig, parse_config, parse_config_object
 from hook.plan import Plan, Verdict
@@ -105,6 +105,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
     try:
         options = options_from(opts, use_cache=True)
         settings = load_settings(options.settings_file or DEFAULT_PATH, required=bool(options.settings_file))
+        _remember(opts, settings)  # later plain containers take entry's fast path under these settings
         config = parse_config(stdin, SOURCE, "")
         container = _container_id(config)
         if ANNOTATION in config.annotations and verify(
