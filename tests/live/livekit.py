@@ -230,6 +230,10 @@ def _text(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\\''") + "'"
+
+
 def probe_args(paths: list[str]) -> list[str]:
     """Container ``args`` that try to open each path once and print ``PROBE <path> <result>``."""
     lines = [
