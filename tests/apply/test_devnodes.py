@@ -142,7 +142,7 @@ def test_hostile_dev_symlink_to_host_dir(tmp_path: Path, spawn: Callable[[str], 
     (root / "dev").rmdir()
     (root / "dev").symlink_to(host_dir)
     pid = spawn("echo ready; exec sleep 600")
-    with pytest.raises(ApplyError, match=r"^dev: Not a directory$"):
+    with pytest.raises(ApplyError, match=r"dev\b.*Not a directory"):
         devnodes.apply(pid, [CAP2], [], rootfs=str(root))
     assert list(host_dir.iterdir()) == []
 
@@ -152,7 +152,7 @@ def test_hostile_symlink_below_dev(tmp_path: Path, spawn: Callable[[str], int], 
     host_dir = tmp_path / "host-dir"
     host_dir.mkdir()
     pid = spawn(unpivoted(root, f"ln -s {host_dir} {root}/dev/nvidia-caps &&"))
-    with pytest.raises(ApplyError, match=r"^nvidia-caps: Not a directory$"):
+    with pytest.raises(ApplyError, match=r"nvidia-caps\b.*Not a directory"):
         devnodes.apply(pid, [CAP2], [], rootfs=str(root))
     assert list(host_dir.iterdir()) == []
 
