@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import hashlib
 import itertools
+import json
 import math
 import os
 import shutil
@@ -286,6 +287,7 @@ class Result:
     status: str  # killed | survived | timeout | stale | invalid
     seconds: float
     lineno: int = 0
+    killer: str = ""  # the test file that failed first
 
 
 def apply(source: str, m: Mutant) -> tuple[str, int] | None:
@@ -301,30 +303,30 @@ def apply(source: str, m: Mutant) -> tuple[str, int] | None:
     return None
 
 
-def _pytest(copy: Path, tests: Sequence[str], timeout: float) -> tuple[int, float]:
+def _pytest(copy: Path, tests: Sequence[str], timeout: float) -> tuple[int, float, str]:
+    """Exit status (-1: timeout), seconds, and the test file that failed first ("" if none)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(copy),
         "PATH": f"{REPO / '.venv/bin'}:{os.environ.get('PATH', '')}",
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-x",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--ignore=tests/live",
-        *tests,
-    ]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider"]
+    cmd += ["--ignore=tests/live", *tests]
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, timeout=timeout, check=False)
-        rc = proc.returncode
+        rc, out = proc.returncode, proc.stdout.decode(errors="replace")
     except subprocess.TimeoutExpired:
-        rc = -1
-    return rc, time.monotonic() - start
+        rc, out = -1, ""
+    killer = next(
+        (
+            line.split()[1].split("::")[0]
+            for line in out.splitlines()
+            if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1
+        ),
+        "",
+    )
+    return rc, time.monotonic() - start, killer
 
 
 def _existing(copy: Path, tests: Sequence[str]) -> list[str]:
@@ -335,7 +337,14 @@ def _existing(copy: Path, tests: Sequence[str]) -> list[str]:
 _STAMPS = itertools.count()
 
 
-def run_one(copy: Path, m: Mutant, timeout: float) -> Result:
+def _first(tests: Sequence[str], killer: str) -> list[str]:
+    """``tests`` with the file that killed this mutant last time run first (same subset, new order)."""
+    if not killer or not any(killer == t or killer.startswith(t.rstrip("/") + "/") for t in tests):
+        return list(tests)
+    return [killer, *(t for t in tests if t != killer)]
+
+
+def run_one(copy: Path, m: Mutant, timeout: float, killer: str = "") -> Result:
     path = copy / m.module
     original = path.read_text()
     applied = apply(original, m)
@@ -353,14 +362,14 @@ def run_one(copy: Path, m: Mutant, timeout: float) -> Result:
         path.write_text(text)
         stamp = mtime + (next(_STAMPS) * 1000 + 1000) * 1_000_000_000
         os.utime(path, ns=(stamp, stamp))
-        rc, secs = _pytest(copy, _existing(copy, tests_for(m.module)), timeout)
+        rc, secs, first = _pytest(copy, _first(_existing(copy, tests_for(m.module)), killer), timeout)
     finally:
         path.write_text(original)
         os.utime(path, ns=(mtime, mtime))
     status = "timeout" if rc == -1 else "survived" if rc == 0 else "killed"
     if rc in (4, 5):  # usage error or nothing collected: the subset is broken, not the mutant killed
         status = "invalid"
-    return Result(m, status, secs, lineno)
+    return Result(m, status, secs, lineno, first)
 
 
 def _copy_tree(dest: Path) -> Path:
@@ -377,7 +386,7 @@ def baseline(copies: Sequence[Path], modules: Sequence[str]) -> dict[str, float]
     def one(key: tuple[str, ...]) -> float:
         copy = free.pop()
         try:
-            rc, secs = _pytest(copy, _existing(copy, key), 900)
+            rc, secs, _ = _pytest(copy, _existing(copy, key), 900)
         finally:
             free.append(copy)
         if rc != 0:
@@ -389,7 +398,19 @@ def baseline(copies: Sequence[Path], modules: Sequence[str]) -> dict[str, float]
     return {m: took[tuple(tests_for(m))] for m in modules}
 
 
-def run_all(mutants: Sequence[Mutant], jobs: int, log: Path | None) -> list[Result]:
+def _load_history(path: Path | None) -> dict[str, str]:
+    try:
+        return dict(json.loads(path.read_text())) if path else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def run_all(
+    mutants: Sequence[Mutant], jobs: int, log: Path | None, history: Path | None = None
+) -> list[Result]:
+    """Run every mutant; ``history`` (mutant key -> killing test file) orders each subset so the
+    file that killed a mutant before runs first, and is updated as results come in."""
+    killers = _load_history(history)
     with tempfile.TemporaryDirectory(prefix="odh-mutate-") as tmp:
         copies = [_copy_tree(Path(tmp) / f"w{i}") for i in range(jobs)]
         base = baseline(copies, sorted({m.module for m in mutants}))
@@ -399,7 +420,7 @@ def run_all(mutants: Sequence[Mutant], jobs: int, log: Path | None) -> list[Resu
         def task(m: Mutant) -> Result:
             copy = free.pop()
             try:
-                return run_one(copy, m, max(60.0, 4 * base[m.module]))
+                return run_one(copy, m, max(60.0, 4 * base[m.module]), killers.get(_hash(m), ""))
             finally:
                 free.append(copy)
 
@@ -409,8 +430,11 @@ def run_all(mutants: Sequence[Mutant], jobs: int, log: Path | None) -> list[Resu
         ):
             for i, r in enumerate(pool.map(task, mutants), 1):
                 results.append(r)
+                if history is not None and r.killer:
+                    killers[_hash(r.mutant)] = r.killer
+                    history.write_text(json.dumps(killers, sort_keys=True, indent=0))
                 where = f"{r.mutant.ident} {r.mutant.module}:{r.lineno}"
-                line = f"[{i}/{len(mutants)}] {r.status:8} {r.seconds:5.1f}s {where}"
+                line = f"[{i}/{len(mutants)}] {r.status:8} {r.seconds:5.1f}s {where} {r.killer}"
                 print(line, flush=True)
                 if out is not None:
                     out.write(line + "\n")
@@ -509,6 +533,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("--log", type=Path, help="append one line per mutant here as it finishes")
     ap.add_argument(
+        "--history",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "odh-mutate-history.json",
+        help="which test file killed each mutant last time: run it first (default: %(default)s)",
+    )
+    ap.add_argument(
         "--no-doc", action="store_true", help="print the report instead of writing docs/testing.md"
     )
     args = ap.parse_args(argv)
@@ -526,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     _exit_on_term()
     start = time.monotonic()
-    results = run_all(mutants, max(1, args.jobs), args.log)
+    results = run_all(mutants, max(1, args.jobs), args.log, args.history)
     text = report(results, time.monotonic() - start, args.jobs)
     if args.no_doc or args.only:
         print(text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -212,9 +213,25 @@ def hook_cli(*args: str, stdin: bytes = b"", cwd: Path | None = None) -> subproc
     )
 
 
+# Live mode writes its fast-path cache under /run/oci-device-hook: as root, give it a private /run.
+_PRIVATE_RUN = [
+    "unshare",
+    "-m",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'mount -t tmpfs tmpfs /run && exec "$@"',
+    "sh",
+]
+
+
 def hook_live(stdin: bytes, *args: str) -> subprocess.CompletedProcess[bytes]:
-    """Live mode: the real console script with the state on stdin."""
-    return subprocess.run([*_hook_exe(), *args], input=stdin, capture_output=True, timeout=60, check=False)
+    """Live mode: the real console script with the state on stdin (as root, in a private /run)."""
+    wrap = _PRIVATE_RUN if os.geteuid() == 0 and shutil.which("unshare") else []
+    return subprocess.run(
+        [*wrap, *_hook_exe(), *args], input=stdin, capture_output=True, timeout=60, check=False
+    )
 
 
 def deny_keys(report: dict[str, Any]) -> set[tuple[str, int, int | None]]:

@@ -20,20 +20,20 @@ from hook.nvidia.migminors import build_cap_table, parse_mig_minors
 from hook.nvidia.model import CapNode
 from hook.oci import parse_config
 from hook.requests import collect
-from hook.settings import Settings
+from hook.settings import EnvRequests, Settings
 from tests.bundles import POD_CAPS, config, state, write_bundle
 
-# --- requests: CAP_SYS_ADMIN counts as privileged for the env channel (h03) ------------------------
+# --- requests: CAP_SYS_ADMIN counts as privileged for the env channel (h03) -------------------------
 
 
 def _collect(cfg: dict[str, Any], settings: Settings) -> Any:
     c = parse_config(json.dumps(cfg).encode(), "/b/config.json", "/b")
-    return collect(c, dict(c.annotations), settings, ())
+    return collect(c, dict(c.annotations), settings)
 
 
 def test_sys_admin_pod_env_request_is_kept_when_unprivileged_env_is_refused() -> None:
     """Not privileged, but CAP_SYS_ADMIN in the bounding set: the env request still counts (h03)."""
-    refuse = Settings(accept_envvar_when_unprivileged=False)
+    refuse = Settings(env_requests=EnvRequests.NEVER)
     cfg = config(["NVIDIA_VISIBLE_DEVICES=0"], caps=sorted([*POD_CAPS, "CAP_SYS_ADMIN"]))
     reqs = _collect(cfg, refuse)
     assert [(r.source, r.value) for r in reqs.items] == [("env:NVIDIA_VISIBLE_DEVICES", "0")]

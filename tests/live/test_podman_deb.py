@@ -28,6 +28,7 @@ from tests.hosttree import make_host_tree
 REPO = Path(__file__).resolve().parents[2]
 PKG = "oci-device-hook"
 LOCK = Path("/tmp/oci-device-hook-deb-test.lock")
+RUN_EXISTED_BEFORE = False
 HOOK = Path("/usr/libexec/oci-device-hook/hook")
 HOOKS_JSON = Path("/usr/share/containers/oci/hooks.d/oci-device-hook.json")
 CONFFILES = (Path("/etc/oci-device-hook/config.yaml"), Path("/etc/logrotate.d/oci-device-hook"))
@@ -96,6 +97,8 @@ def _install_and_purge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lis
             f"precondition broken: {PKG} is already installed on this host (an earlier run killed "
             f"before its cleanup, or an operator's install); not touching it. `dpkg -P {PKG}` and rerun."
         )
+    global RUN_EXISTED_BEFORE
+    RUN_EXISTED_BEFORE = Path("/run/oci-device-hook").exists()
     out = tmp_path_factory.mktemp("deb")
     deb = _sh(str(REPO / "packaging/build-deb"), str(out), timeout=600).stdout.strip().splitlines()[-1]
     env = {**os.environ, "OCI_DEVICE_HOOK_SKIP_DOCTOR": "1", "DEBIAN_FRONTEND": "noninteractive"}
@@ -249,4 +252,6 @@ def test_remove_then_purge_deletes_every_file(installed: list[Path]) -> None:
     assert all(p.exists() for p in CONFFILES)  # dpkg -r keeps conffiles
     _sh("dpkg", "-P", PKG, timeout=300)
     assert not any(p.exists() for p in CONFFILES)
-    assert not Path("/etc/oci-device-hook").exists() and not Path("/run/oci-device-hook").exists()
+    assert not Path("/etc/oci-device-hook").exists()
+    # /run/oci-device-hook is the package's only if it was not there before (a hook run elsewhere)
+    assert RUN_EXISTED_BEFORE or not Path("/run/oci-device-hook").exists()
