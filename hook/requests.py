@@ -156,12 +156,13 @@ def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -
     for key in sorted(annotations):
         if not any(key.startswith(p) for p in prefixes):
             continue
-        for name in annotations[key].split(","):
-            name = name.strip()
-            if not name or "=" not in name or "/" not in name.split("=", 1)[0]:
-                raise InputError(
-                    "annotations", key, f"{name!r} is not a qualified CDI name vendor/class=name"
-                )
+        from hook.cdi.names import parse_qualified_name  # pure, and only for CDI annotations
+
+        for name in annotations[key].split(","):  # never trimmed: the reference refuses " v/c=d"
+            try:
+                parse_qualified_name(name)
+            except InputError as exc:
+                raise InputError("annotations", key, f"{name!r}: {exc.reason}") from None
             out.append(DeviceRequest(source=f"annotation:{key}", value=name, kind=Kind.CDI, from_plugin=True))
     return out
 

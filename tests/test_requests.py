@@ -51,7 +51,7 @@ def test_cdi_annotations_prefix_and_comma_lists() -> None:
     reqs = collect_from(
         config(
             annotations={
-                "cdi.k8s.io/b": " nvidia.com/gpu=1 , nvidia.com/gpu=2",
+                "cdi.k8s.io/b": "nvidia.com/gpu=1,nvidia.com/gpu=2",
                 "cdi.k8s.io/a": "nvidia.com/gpu=0",
                 "cdi.k8s.io.alike/x": "nvidia.com/gpu=7",
                 "other": "nvidia.com/gpu=6",
@@ -64,6 +64,12 @@ def test_cdi_annotations_prefix_and_comma_lists() -> None:
         ("annotation:cdi.k8s.io/b", "nvidia.com/gpu=2", "cdi", True),
     ]
     assert reqs.evidence == ("annotation",)
+
+
+def test_cdi_annotation_values_are_not_trimmed() -> None:
+    """The reference splits at commas and refuses a name with a space (annotations_test.go)."""
+    with pytest.raises(InputError, match="cdi.k8s.io/b"):
+        collect_from(config(annotations={"cdi.k8s.io/b": "vendor.com/device=dev1, vendor.com/device=dev2"}))
 
 
 def test_custom_annotation_prefix() -> None:

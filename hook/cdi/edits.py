@@ -261,10 +261,10 @@ def _apply_mounts(config: dict[str, Any], mounts: tuple[Mount, ...]) -> None:
         entry = _mount_oci(m)
         options = entry.get("options", [])
         if userns and not ({"idmap", "ridmap"} & set(options)):
-            if m.type == "bind" or "bind" in options:
-                entry["options"] = [*options, "idmap"]
-            elif "rbind" in options:
+            if "rbind" in options:  # recursive bind: the recursive id-mapping, never plain idmap
                 entry["options"] = [*options, "ridmap"]
+            elif m.type == "bind" or "bind" in options:
+                entry["options"] = [*options, "idmap"]
         current.append(entry)
     current.sort(key=lambda mt: go_clean(str(mt.get("destination", ""))).count("/"))
 
