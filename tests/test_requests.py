@@ -68,7 +68,7 @@ def test_cdi_annotations_prefix_and_comma_lists() -> None:
 
 def test_cdi_annotation_values_are_not_trimmed() -> None:
     """The reference splits at commas and refuses a name with a space (annotations_test.go)."""
-    with pytest.raises(InputError, match="cdi.k8s.io/b"):
+    with pytest.raises(InputError, match=r"cdi\.k8s\.io/b"):
         collect_from(config(annotations={"cdi.k8s.io/b": "vendor.com/device=dev1, vendor.com/device=dev2"}))
 
 

@@ -209,7 +209,7 @@ class _Builder:
             got = ("null" if value is None else "bool" if isinstance(value, bool) else "int"
                    if isinstance(value, int) else "float" if isinstance(value, float) else "str")
             if want == "float" and got == "int":
-                return float(value)
+                return float(value)  # type: ignore[arg-type]
             if got != want and not (want == "timestamp" and got == "str" and _timestamp(text)):
                 raise ValueError(f"cannot decode !!{got} {text!r} as a !!{want}")
             return value

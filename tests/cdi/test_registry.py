@@ -52,7 +52,7 @@ def test_lower_priority_conflict_is_not_rescued_by_higher_dir(tmp_path: Path) ->
     write_spec(run, "c.json", base_spec(devices=[device("d0", env=["RUN=1"])]))
     registry = Registry.load([etc, run])
     assert "vendor.com/dev=d0" not in registry.devices
-    with pytest.raises(InputError, match="unresolvable CDI devices vendor.com/dev=d0"):
+    with pytest.raises(InputError, match=r"unresolvable CDI devices vendor\.com/dev=d0"):
         registry.resolve(["vendor.com/dev=d0"])
     assert set(registry.errors) == {str(etc / "a.json"), str(etc / "b.json")}
 
