@@ -30,9 +30,12 @@ __all__ = [
     "has_sys_admin",
     "is_accelerator",
     "split_ids",
+    "is_legacy_image",
 ]
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
+CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_ENVS = {"NVIDIA_MIG_CONFIG_DEVICES": "mig-config", "NVIDIA_MIG_MONITOR_DEVICES": "mig-monitor"}
 CHECKPOINT = "kubelet-checkpoint"
 
@@ -70,6 +73,7 @@ class Requests:
     evidence: tuple[str, ...]
     warnings: tuple[str, ...]
     driver_capabilities: str
+    legacy_image: bool = False  # a legacy CUDA image with NVIDIA_DRIVER_CAPABILITIES unset: every capability
 
     @property
     def from_plugin(self) -> bool:
@@ -212,17 +216,35 @@ def _corroborated(config: OciConfig, settings: Settings, have_checkpoint: bool) 
     return ""
 
 
+def is_legacy_image(env: Mapping[str, str]) -> bool:
+    """NVIDIA's legacy CUDA image: ``CUDA_VERSION`` set and no ``NVIDIA_REQUIRE_CUDA`` (cuda_image.go)."""
+    return "CUDA_VERSION" in env and "NVIDIA_REQUIRE_CUDA" not in env
+
+
 def _from_env(config: OciConfig, settings: Settings, corroboration: str) -> list[DeviceRequest]:
     value = config.env.get(VISIBLE_ENV)
-    tokens = split_ids(value or "")
+    if value is None and is_legacy_image(config.env):
+        value = "all"  # a legacy CUDA image asks for every GPU: an ordinary env request from here on
+    tokens = split_ids(value or "")  # empty items are skipped, as libnvidia-container does
     if value is None or not tokens or "void" in tokens or value == settings.volume_mount_root:
         return []
     src = f"env:{VISIBLE_ENV}"
-    if "none" in tokens:
+    special = next((t.lower() for t in tokens if t.lower() in ("all", "none")), None)
+    if special == "none":  # the first special value wins: "none,all" is none, "all,none" is all
         return [DeviceRequest(source=src, value="none", kind=Kind.NO_GPU, from_plugin=bool(corroboration))]
-    if any(t.lower() == "all" for t in tokens):
+    if special == "all":
         tokens = ("all",)
     return [_id_request(t, src, bool(corroboration)) for t in tokens]
+
+
+def _imex_from_env(config: OciConfig, corroboration: str) -> list[DeviceRequest]:
+    """``NVIDIA_IMEX_CHANNELS`` (the device plugin's env strategy): channel ids; ``all`` grants none."""
+    tokens = split_ids(config.env.get(IMEX_ENV, ""))
+    if not tokens or any(t.lower() in ("all", "none", "void") for t in tokens):
+        return []
+    src = f"env:{IMEX_ENV}"
+    plugin = bool(corroboration)
+    return [DeviceRequest(source=src, value=t, kind=Kind.IMEX, from_plugin=plugin) for t in tokens]
 
 
 def _mig_management(config: OciConfig) -> list[DeviceRequest]:
@@ -258,19 +280,31 @@ def collect(
     imex = [m for m in mounts if m.kind is Kind.IMEX]
     corroboration = _corroborated(config, settings, bool(allocs))
     env = _from_env(config, settings, corroboration)
+    env_trusted = privileged or bool(corroboration) or settings.accept_envvar_when_unprivileged
     if env and (granting or checkpoint):
         origin = (checkpoint or granting)[0].source
-        warnings.append(f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {origin}")
+        shown = config.env.get(VISIBLE_ENV, "all (legacy CUDA image)")
+        warnings.append(f"{VISIBLE_ENV}={shown} ignored: the allocation came from {origin}")
         env = []
-    elif env and not privileged and not corroboration and not settings.accept_envvar_when_unprivileged:
+    elif env and not env_trusted:
         warnings.append(
             f"{VISIBLE_ENV} ignored in an unprivileged container (accept_envvar_when_unprivileged: false)"
         )
         env = []
+    imex_env = [] if imex else _imex_from_env(config, corroboration)
+    if imex_env and not env_trusted:
+        warnings.append(
+            f"{IMEX_ENV} ignored in an unprivileged container (accept_envvar_when_unprivileged: false)"
+        )
+        imex_env = []
     nodes = [] if is_privileged(config.resource_rules) else _from_nodes(config, settings.accelerator_nodes)
-    items = _dedupe([*checkpoint, *granting, *imex, *env, *nodes, *_mig_management(config)])
+    gpu = [*checkpoint, *granting, *env, *nodes]
+    mig = _mig_management(config) if gpu else []  # NVIDIA ignores MIG envs in a container with no GPU
+    items = _dedupe([*checkpoint, *granting, *imex, *imex_env, *env, *nodes, *mig])
     evidence = [s for s in dict.fromkeys(r.source.split(":")[0] for r in items if r.from_plugin)]
     if corroboration and any(r.source.startswith("env:") and r.from_plugin for r in items):
         evidence.append(f"corroborated-by:{corroboration}")
-    caps = config.env.get("NVIDIA_DRIVER_CAPABILITIES", "")
-    return Requests(items=items, evidence=tuple(evidence), warnings=tuple(warnings), driver_capabilities=caps)
+    caps = config.env.get(CAPS_ENV, "")
+    legacy = is_legacy_image(config.env) and CAPS_ENV not in config.env
+    return Requests(items=items, evidence=tuple(evidence), warnings=tuple(warnings), driver_capabilities=caps,
+                    legacy_image=legacy)

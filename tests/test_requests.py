@@ -226,15 +226,24 @@ def test_env_ignored_when_unprivileged_and_not_accepted() -> None:
     ],
 )
 def test_mig_management_env(env: list[str], expected: list[tuple[str, str]]) -> None:
-    reqs = collect_from(config(env))
-    assert items(reqs) == [(src, "all", kind, False) for src, kind in expected]
+    reqs = collect_from(config([*env, "NVIDIA_VISIBLE_DEVICES=all"], privileged=True))
+    mig = [i for i in items(reqs) if i[2].startswith("mig-")]
+    assert mig == [(src, "all", kind, False) for src, kind in expected]
 
 
 @pytest.mark.parametrize("value", ["0", "GPU-a,all", "none"])
 def test_mig_management_only_all(value: str) -> None:
     with pytest.raises(InputError) as info:
-        collect_from(config([f"NVIDIA_MIG_CONFIG_DEVICES={value}"]))
+        env = [f"NVIDIA_MIG_CONFIG_DEVICES={value}", "NVIDIA_VISIBLE_DEVICES=0"]
+        collect_from(config(env, privileged=True))
     assert (info.value.file, info.value.field) == (SRC, "process.env.NVIDIA_MIG_CONFIG_DEVICES")
+
+
+@pytest.mark.parametrize("value", ["all", "0", "bogus"])
+def test_mig_management_ignored_without_a_gpu(value: str) -> None:
+    """NVIDIA's hook returns before the MIG envs when no GPU is requested (getNvidiaConfig)."""
+    reqs = collect_from(config([f"NVIDIA_MIG_CONFIG_DEVICES={value}", f"NVIDIA_MIG_MONITOR_DEVICES={value}"]))
+    assert items(reqs) == []
 
 
 # --- linux.devices with specific allow rules ------------------------------------------------------
