@@ -200,7 +200,7 @@ class _Resolver:
         return self.cdi([req.value])
 
     def is_jit(self, name: str) -> bool:
-        """A ``runtime.nvidia.com/gpu=`` name with no spec on disk (NVIDIA's runtime makes them on the fly)."""
+        """A ``runtime.nvidia.com/gpu=`` name with no spec on disk (NVIDIA makes them on the fly)."""
         return name.startswith(JIT_PREFIX) and not (self.has_specs() and name in self.registry().devices)
 
     def mgmt(self, req: DeviceRequest) -> tuple[Grant, ...]:
