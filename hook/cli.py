@@ -41,8 +41,39 @@ def _merged(ctx: click.Context, /, **kw: Any) -> dict[str, Any]:
     return base
 
 
+def _version() -> str:
+    """The installed distribution's version; the source constant where there is no metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("oci-device-hook")
+    except PackageNotFoundError:
+        from hook.version import VERSION
+
+        return VERSION
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"hook (oci-device-hook) {_version()}")
+        ctx.exit(0)
+
+
+_warned: set[Path] = set()
+
+
+def _warn_missing_dirs(dirs: Any) -> None:
+    """A --cdi-spec-dir that does not exist is a warning (a typo would otherwise look like "no specs")."""
+    for d in dirs or ():
+        if d not in _warned and not Path(d).is_dir():
+            _warned.add(d)
+            click.echo(f"hook: warning: --cdi-spec-dir {d}: no such directory", err=True)
+
+
 def _options(o: dict[str, Any], *, use_cache: bool) -> Any:
     from hook.gather import DEFAULT_SPEC_DIRS, Options
+
+    _warn_missing_dirs(o.get("spec_dirs"))
 
     return Options(
         driver_root=o.get("driver_root") or Path("/"),
@@ -64,6 +95,14 @@ def _finish(text: str, code: int) -> None:
 @click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), help="simulate for this bundle")
 @click.option("--state", "state_file", type=PathArg, help="OCI state file (default: made from the bundle)")
 @click.option("--output-config", type=PathArg, help="write the config.json with the decision folded in")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="print the version and exit",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -146,7 +185,11 @@ def cdi_list(ctx: click.Context, /, **kw: Any) -> None:
     from hook.cdi.commands import cmd_list
 
     o = _merged(ctx.find_root(), **kw)
-    _finish(*cmd_list(list(_options(o, use_cache=False).spec_dirs), o.get("fmt") or "text"))
+    dirs = list(_options(o, use_cache=False).spec_dirs)
+    text, code = cmd_list(dirs, o.get("fmt") or "text")
+    if not text.strip():
+        text = f"no CDI specs in {', '.join(map(str, dirs))}\n"
+    _finish(text, code)
 
 
 @cdi.command("validate")
@@ -198,6 +241,37 @@ def doctor(ctx: click.Context, /, hooks_dirs: tuple[Path, ...], **kw: Any) -> No
             o.get("fmt") or "text",
         )
     )
+
+
+@cli.command("log")
+@click.option("--config", "config_file", type=PathArg, help="settings file naming the log (log_file)")
+@click.option("--file", "log_file", type=PathArg, help="log file to read (default: the settings' log_file)")
+@click.option("--since", default="", help="today, yesterday, 2h, 30m, 7d, or a date/RFC 3339 time")
+@click.option("--verdict", "verdicts", multiple=True, type=click.Choice(["none", "apply", "deny", "error"]))
+@click.option("--narrowed", is_flag=True, help="only containers narrowed to their allocation")
+@click.option("--namespace", default="", help="only pods of this namespace")
+@click.option("--pod", default="", help="only this pod (name)")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), help="output format")
+@click.pass_context
+def log_cmd(
+    ctx: click.Context,
+    /,
+    config_file: Path | None,
+    log_file: Path | None,
+    fmt: str | None,
+    **filters: Any,
+) -> None:
+    """Read the decision log: e.g. which containers were narrowed today (--since today --narrowed)."""
+    from hook.logread import cmd_log
+
+    if log_file is None:
+        from hook.settings import DEFAULT_PATH, load_settings
+
+        root = ctx.find_root().obj or {}
+        path = config_file or root.get("config_file")
+        settings = load_settings(path or DEFAULT_PATH, required=bool(path))
+        log_file = Path(settings.log_file)
+    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", **filters))
 
 
 def run(argv: list[str]) -> int:

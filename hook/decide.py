@@ -136,9 +136,12 @@ def _additions(
     return rules, create
 
 
-def _narrowing(inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant]) -> tuple[list[Rule], list[str]]:
+def _narrowing(
+    inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant]
+) -> tuple[list[Rule], list[str], list[str]]:
     """Deny every accelerator node outside the allocation; one exact rule each (v1 cannot re-allow
-    inside a denied wildcard), and remove the ones the engine put in the container."""
+    inside a denied wildcard), and remove the ones the engine put in the container. The third
+    value names the denied nodes, so the log says what was denied, not just how many."""
     patterns = inputs.settings.accelerator_nodes
     candidates = [*inputs.host_accelerators, *_config_nodes(inputs.config)]
     deny: dict[tuple[str, int, int], Node] = {}
@@ -153,7 +156,7 @@ def _narrowing(inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant]) ->
             if is_accelerator(d.path, patterns) and (d.type, d.major, d.minor) in deny
         }
     )
-    return rules, remove
+    return rules, remove, sorted({deny[k].path for k in deny})
 
 
 def _allocation_names(requests: Requests) -> str:
@@ -190,8 +193,9 @@ def decide(inputs: Inputs) -> Plan:
     wanted = _grants(inputs, keep)
     rules, create = _additions(inputs.config, wanted)
     remove: list[str] = []
+    denied: list[str] = []
     if plugin_widened:
-        deny_rules, remove = _narrowing(inputs, wanted)
+        deny_rules, remove, denied = _narrowing(inputs, wanted)
         if inputs.settings.privileged_allocation is Policy.AUDIT:
             warnings.append(
                 f"audit: would deny {len(deny_rules)} accelerator node(s) outside {_allocation_names(reqs)}"
@@ -208,10 +212,16 @@ def decide(inputs: Inputs) -> Plan:
             why = "no device requested"
         else:
             why = "the container already has exactly what it asked for"
-        return _plan(Verdict.NONE, why, warnings)
+        return _plan(Verdict.NONE, why, warnings, denied=tuple(denied))
     reason = _reason(facts, plugin_widened, reqs, rules, create, remove)
     return _plan(
-        Verdict.APPLY, reason, warnings, rules=tuple(rules), create=tuple(create), remove=tuple(remove)
+        Verdict.APPLY,
+        reason,
+        warnings,
+        rules=tuple(rules),
+        create=tuple(create),
+        remove=tuple(remove),
+        denied=tuple(denied),
     )
 
 

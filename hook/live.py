@@ -8,6 +8,7 @@ already let through every container that needs nothing, so the hook never blocks
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,37 @@ def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
     )
 
 
-def _log(record: dict[str, Any], settings: Settings | None) -> None:
+def _by_hand() -> bool:
+    """A person ran the hook with the state from a file or a terminal: runtimes (runc, crun) always
+    write the state into a pipe. Such a run must not add lines to the production log."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
+
+
+def _log(
+    record: dict[str, Any],
+    settings: Settings | None,
+    annotations: Mapping[str, str],
+    opts: dict[str, list[str]],
+) -> None:
+    import json
+
     from hook.log import write_log
+    from hook.logrecord import stamp
 
     s = settings or Settings()
-    problem = write_log(record, Path(s.log_file), max_bytes=s.log_max_bytes)
+    line = stamp(record, annotations)
+    if "--log" not in opts and _by_hand():
+        sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
+        sys.stderr.write(f"oci-device-hook: run by hand: not appended to {s.log_file} (--log does)\n")
+        return
+    problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
         sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
 
@@ -61,6 +88,7 @@ def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
+    annotations: Mapping[str, str] = {}
     try:
         options = options_from(opts, use_cache=True)
         # settings first, so that an error in the state or config.json is logged where the operator said
@@ -68,11 +96,13 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         _remember(opts, settings)
         state = parse_state(stdin, STDIN)
         container = state.id
+        annotations = state.annotations
         inputs = load_inputs(state, replace(options, settings=settings))
+        annotations = {**inputs.config.annotations, **state.annotations}
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
-            _log(report, settings)
+            _log(report, settings, annotations, opts)
             sys.stderr.write(f"oci-device-hook: deny: {plan.reason}\n")
             return 3
         if plan.changes:
@@ -83,9 +113,14 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
             applied = apply_plan(plan, state.pid, rootfs=inputs.config.root_path)
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
-        _log(report, settings)
+        _log(report, settings, annotations, opts)
         return 0
     except HookError as exc:
         sys.stderr.write(f"oci-device-hook: {exc}\n")
-        _log({"verdict": "error", "container": {"id": container}, "error": str(exc)}, settings)
+        _log(
+            {"verdict": "error", "container": {"id": container}, "error": str(exc)},
+            settings,
+            annotations,
+            opts,
+        )
         return exc.exit_code

@@ -32,6 +32,7 @@ def build_report(inputs: Inputs, plan: Plan) -> dict[str, Any]:
         "cgroup": [r.to_json() for r in plan.rules],
         "nodes": {"create": [n.to_json() for n in plan.create], "remove": list(plan.remove)},
         "warnings": list(plan.warnings),
+        "denied": list(plan.denied),
     }
 
 

@@ -101,6 +101,11 @@ def _convert(key: str, value: Any, source: str) -> Any:
         items = _str_list(key, value, source)
         if not items:
             raise InputError(source, key, "must not be empty")
+        if key == "cdi_kinds":
+            for kind in items:
+                vendor, slash, cls = kind.partition("/")
+                if not (vendor and slash and cls) or "/" in cls:
+                    raise InputError(source, key, f"{kind!r} is not vendor/class (e.g. nvidia.com/gpu)")
         return items
     if key == "accelerator_nodes":
         if not isinstance(value, dict):
