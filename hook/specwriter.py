@@ -26,5 +26,21 @@ def fold_plan(config: dict[str, Any], plan: Plan) -> dict[str, Any]:
             devices.append(node.to_json())
     linux["devices"] = devices
     resources = linux.setdefault("resources", {})
-    resources["devices"] = [*(resources.get("devices") or []), *(r.to_json() for r in plan.rules)]
+    rules = list(resources.get("devices") or [])
+    for rule in (r.to_json() for r in plan.rules):
+        if _last_touching(rules, rule) != rule:  # a CDI edit already appended this very rule last
+            rules.append(rule)
+    resources["devices"] = rules
     return out
+
+
+def _last_touching(rules: list[Any], rule: dict[str, Any]) -> Any:
+    """The last rule that decides any access for ``rule``'s device(s): an identical one makes it a no-op."""
+    for old in reversed(rules):
+        if not isinstance(old, dict):
+            continue
+        if (old.get("type", "a") in ("a", rule.get("type"))
+                and old.get("major") in (None, rule.get("major"))
+                and old.get("minor") in (None, rule.get("minor"))):
+            return old
+    return None
