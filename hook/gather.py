@@ -77,25 +77,39 @@ def _settings(opts: Options) -> Settings:
     return load_settings(DEFAULT_PATH)
 
 
-def _allocations(
-    annotations: dict[str, str], settings: Settings, warnings: list[str]
-) -> tuple[ckpt.Allocation, ...]:
-    ident = ckpt.pod_identity(annotations)
-    if ident is None:
-        return ()
+MAX_CHECKPOINT_BYTES = 64 << 20
+
+
+def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
+    """What the kubelet's checkpoint says about this container; None outside Kubernetes.
+
+    Never raises: a missing, unreadable or corrupt checkpoint is a state the decision weighs
+    (and a warning), so a container that asks for no device always starts.
+    """
+    pod = ckpt.pod_of(annotations)
+    if pod is None:
+        return None
     path = Path(settings.kubelet_checkpoint)
+
+    def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
+        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs)
+
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ()
-    except OSError as exc:
-        warnings.append(f"{path}: unreadable ({exc.strerror}); using the other evidence")
-        return ()
+        data = read_limited(path, MAX_CHECKPOINT_BYTES, "kubelet checkpoint")
+    except InputError as exc:
+        if os.path.lexists(path):
+            warnings.append(f"{exc}; using the other evidence")
+            return view("unreadable")
+        return view("absent")
     try:
-        return ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), *ident)
+        return view(
+            "read", ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), pod.uid, pod.container)
+        )
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
-        return ()
+    except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
+        warnings.append(f"{path}: cannot decode ({type(exc).__name__}); using the other evidence")
+    return view("corrupt")
 
 
 class _Resolver:
@@ -323,11 +337,13 @@ def load_inputs(state: OciState, opts: Options) -> Inputs:
     settings = _settings(opts)
     warnings: list[str] = []
     annotations = {**config.annotations, **state.annotations}
-    requests = collect(config, annotations, settings, _allocations(annotations, settings, warnings))
+    requests = collect(config, annotations, settings, _kubelet(annotations, settings, warnings))
     resolver = _Resolver(opts, settings, config, requests)
     grants = resolver.resolve_all()
     host: tuple[Node, ...] = ()
-    if requests.from_plugin and (is_privileged(config.resource_rules) or config.devices):
+    if requests.bounded or (
+        requests.from_plugin and (is_privileged(config.resource_rules) or config.devices)
+    ):
         host = scan_accelerators(opts.driver_root, settings.accelerator_nodes)
     return Inputs(
         container_id=state.id,
