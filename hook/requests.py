@@ -387,7 +387,12 @@ def collect(
     if needs_kubelet:
         vouched = {k: v for a in gpu_allocs for k, v in a.envs.items()}
     gpu = [*checkpoint, *granting, *env, *nodes]
-    mig = _mig_management(config, vouched, warnings) if gpu else []  # NVIDIA ignores them without a GPU
+    if gpu:
+        mig = _mig_management(config, vouched, warnings)
+    else:  # NVIDIA's hook returns before looking at them when no GPU is requested
+        mig = []
+        warnings += [f"{env}={config.env[env].strip()} ignored: the container asks for no GPU"
+                     for env in MIG_ENVS if config.env.get(env, "").strip()]
     items = _dedupe([*checkpoint, *granting, *imex, *imex_env, *env, *nodes, *mig])
     evidence = [s for s in dict.fromkeys(r.source.split(":")[0] for r in items if r.from_plugin)]
     if corroboration and any(r.source.startswith("env:") and r.from_plugin for r in items):
