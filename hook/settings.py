@@ -104,6 +104,9 @@ class Settings:
     log_file: str = "/var/log/oci-device-hook.log"
     log_max_bytes: int = 10 << 20
     cache_dir: str = "/run/oci-device-hook"
+    runtime: str = "runc"  # the real runtime the wrapper execs (a name on PATH or an absolute path)
+    driver_root: str = "/"  # --driver-root wins when given
+    cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")  # --cdi-spec-dir wins when given
 
     @property
     def default_cdi_kind(self) -> str:
@@ -156,12 +159,32 @@ def _convert(key: str, value: Any, source: str) -> Any:
         if value not in ("r", "rw"):
             raise InputError(source, key, "expected r or rw")
         return value
+    if key == "runtime":
+        return _runtime(value, source)
+    if key == "cdi_spec_dirs":
+        dirs = value if isinstance(value, list) else None
+        if dirs is None or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
+            raise InputError(source, key, "expected a list of absolute paths")
+        return tuple(dirs)
     if key == "log_max_bytes":
         if not isinstance(value, int) or isinstance(value, bool) or value < 4096:
             raise InputError(source, key, "expected an integer >= 4096")
         return value
     if not isinstance(value, str) or not value.startswith("/"):
         raise InputError(source, key, "expected an absolute path")
+    return value
+
+
+# What the runtime wrapper (packaging/runtime, POSIX sh) can read back without a YAML parser.
+RUNTIME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-/")
+
+
+def _runtime(value: Any, source: str) -> str:
+    """One plain word: the wrapper reads this key with a shell loop, so both must agree on it."""
+    if not isinstance(value, str) or not value or not set(value) <= RUNTIME_CHARS:
+        raise InputError(source, "runtime", "expected a name or an absolute path (letters, digits, _.+-/)")
+    if "/" in value and not value.startswith("/"):
+        raise InputError(source, "runtime", "expected a name on PATH or an absolute path")
     return value
 
 
