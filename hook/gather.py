@@ -230,7 +230,7 @@ class _Resolver:
         grants = self.grants(device_nodes(self.inventory(), devices)) + self.control()
         if self.capabilities() & GRAPHICS_CAPABILITIES:
             buses = [d.pci_bus_id for d in devices if isinstance(d, Gpu)]
-            grants += self.grants(dri_nodes(self.opts.driver_root, buses))
+            grants += self.grants(dri_nodes(self.driver_root, buses))
         return grants
 
     def cdi_or_jit(self, req: DeviceRequest) -> tuple[Grant, ...]:
