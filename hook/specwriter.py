@@ -87,11 +87,16 @@ def cdi_already_applied(config: dict[str, Any], edits: ContainerEdits) -> bool:
         for h in stage or ()
         if isinstance(h, dict)
     }
+    gids = set((process.get("user") or {}).get("additionalGids") or ())
+    nets = set((linux.get("netDevices") or {}).keys()) if isinstance(linux.get("netDevices"), dict) else set()
     return (
         set(edits.env) <= env
         and {n.path for n in edits.device_nodes} <= paths
         and {m.container_path for m in edits.mounts} <= dests
         and {(h.path, tuple(h.args)) for h in edits.hooks} <= hooks
+        and {g for g in edits.additional_gids if g != 0} <= gids
+        and {n.host_interface_name for n in edits.net_devices} <= nets
+        and (edits.intel_rdt is None or linux.get("intelRdt") == edits.intel_rdt.to_oci())
     )
 
 
