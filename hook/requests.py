@@ -79,6 +79,7 @@ class Requests:
     # accelerator it was given (privileged mode, a shim that honoured an image env, --device)
     # is an over-grant, even when the allocation is empty.
     bounded: bool = False
+    ignored_env: tuple[str, ...] = ()  # "NAME=value" of envs that were no request, for the reason
     legacy_image: bool = False  # a legacy CUDA image with NVIDIA_DRIVER_CAPABILITIES unset: every capability
 
     @property
@@ -277,7 +278,7 @@ def _imex_from_env(config: OciConfig, corroboration: str) -> list[DeviceRequest]
 
 
 def _mig_management(
-    config: OciConfig, vouched: Mapping[str, str] | None, warnings: list[str]
+    config: OciConfig, vouched: Mapping[str, str] | None, warnings: list[str], ignored: list[str]
 ) -> list[DeviceRequest]:
     """MIG management envs; with ``vouched`` (a Kubernetes container under ``env_requests: auto``)
     only those the kubelet's GPU allocation carries with the same value count."""
@@ -288,6 +289,7 @@ def _mig_management(
             continue
         if vouched is not None and vouched.get(env, "").strip() != value:
             warnings.append(f"{env}={value} ignored: {_NOT_VOUCHED}")
+            ignored.append(f"{env}={value}")
             continue
         if value.lower() != "all":
             raise InputError(config.source, f"process.env.{env}", f"only 'all' is supported, got {value!r}")
@@ -337,6 +339,7 @@ def collect(
     """
     privileged = is_privileged(config.resource_rules) or has_sys_admin(config)
     warnings: list[str] = []
+    ignored: list[str] = []
     allocs = kubelet.allocations if kubelet is not None else ()
     gpu_allocs = [a for a in allocs if gpu_resource(a.resource, settings)]
     mode = settings.env_requests
@@ -368,9 +371,11 @@ def collect(
         refusal = _env_refusal(kubelet, settings, corroboration, shown)
         if refusal:
             warnings.append(refusal)
+            ignored.append(f"{VISIBLE_ENV}={shown}")
             env = []
     elif env and not privileged and not corroboration and mode is EnvRequests.NEVER:
         warnings.append(f"{VISIBLE_ENV} ignored in an unprivileged container (env_requests: never)")
+        ignored.append(f"{VISIBLE_ENV}={shown}")
         env = []
     imex_env = [] if imex else _imex_from_env(config, corroboration)
     if imex_env:  # channels count with a GPU request that counts, or when the kubelet's allocation set them
@@ -388,11 +393,11 @@ def collect(
         vouched = {k: v for a in gpu_allocs for k, v in a.envs.items()}
     gpu = [*checkpoint, *granting, *env, *nodes]
     if gpu:
-        mig = _mig_management(config, vouched, warnings)
+        mig = _mig_management(config, vouched, warnings, ignored)
     else:  # NVIDIA's hook returns before looking at them when no GPU is requested
         mig = []
-        warnings += [f"{env}={config.env[env].strip()} ignored: the container asks for no GPU"
-                     for env in MIG_ENVS if config.env.get(env, "").strip()]
+        warnings += [f"{name}={config.env[name].strip()} ignored: the container asks for no GPU"
+                     for name in MIG_ENVS if config.env.get(name, "").strip()]
     items = _dedupe([*checkpoint, *granting, *imex, *imex_env, *env, *nodes, *mig])
     evidence = [s for s in dict.fromkeys(r.source.split(":")[0] for r in items if r.from_plugin)]
     if corroboration and any(r.source.startswith("env:") and r.from_plugin for r in items):
@@ -407,5 +412,6 @@ def collect(
         driver_capabilities=caps,
         kubelet=kubelet,
         bounded=bounded,
+        ignored_env=tuple(ignored),
         legacy_image=is_legacy_image(config.env) and CAPS_ENV not in config.env,
     )
