@@ -108,3 +108,19 @@ def test_run_falls_back_to_a_normal_exit_when_a_flush_fails(tmp_path: Path) -> N
     proc = subprocess.run(cmd, capture_output=True, env=env, timeout=30)
     assert proc.returncode == 120, proc.stderr  # what sys.exit(7) gives when stdout cannot be flushed
     assert b"os._exit reached" not in proc.stderr
+
+
+def test_a_live_run_skips_interpreter_teardown_and_the_cli_does_not() -> None:
+    """``run`` ends a live run with os._exit (atexit handlers never run); the CLI exits normally."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: sys.stdout.write('torn down\\n'))\n"
+        "from hook.entry import run\n"
+        "run()\n"
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
+    py = [sys.executable, "-I", "-c", code]
+    live = subprocess.run([*py, "poststop"], capture_output=True, env=env, timeout=30)
+    cli = subprocess.run([*py, "--help"], capture_output=True, env=env, timeout=30)
+    assert (live.returncode, live.stdout) == (0, b"")
+    assert cli.returncode == 0 and cli.stdout.endswith(b"torn down\n")
