@@ -93,13 +93,21 @@ def has_sys_admin(config: OciConfig) -> bool:
 
 
 _MATCHERS: dict[tuple[str, ...], re.Pattern[str]] = {}
+_LAST: list[tuple[Mapping[str, tuple[str, ...]], dict[str, tuple[str, ...]], re.Pattern[str]]] = []
 
 
 def _matcher(patterns: Mapping[str, tuple[str, ...]]) -> re.Pattern[str]:
-    """All vendors' globs as one compiled regex (one compile per process, not one per glob)."""
+    """All vendors' globs as one compiled regex (one compile per process, not one per glob).
+
+    Called once per node, so the mapping last asked about is remembered with a copy of its
+    contents: the same, unchanged mapping is answered by one dict comparison.
+    """
+    if _LAST and _LAST[0][0] is patterns and _LAST[0][1] == patterns:
+        return _LAST[0][2]
     key = tuple(p for pats in patterns.values() for p in pats)
     if key not in _MATCHERS:
         _MATCHERS[key] = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in key) or "(?!)")
+    _LAST[:] = [(patterns, dict(patterns), _MATCHERS[key])]
     return _MATCHERS[key]
 
 

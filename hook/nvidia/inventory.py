@@ -135,13 +135,19 @@ def _proc_migs(
 ) -> tuple[MigDevice, ...]:
     """MIG devices known only from capability nodes (no UUID), numbered per parent by (gi, ci)."""
     out: list[MigDevice] = []
+    taken: dict[int, int] = {}
+    for key in skip:
+        taken[key[0]] = taken.get(key[0], 0) + 1
+    by_gpu: dict[int, list[tuple[int, int, int]]] = {}
+    for key in caps.instances():  # once, grouped by parent: linear in GPUs + instances
+        if key not in skip:
+            by_gpu.setdefault(key[0], []).append(key)
     for gpu in gpus:
-        taken = len([key for key in skip if key[0] == gpu.minor])
-        keys = [key for key in caps.instances() if key[0] == gpu.minor and key not in skip]
-        for n, (minor, gi, ci) in enumerate(sorted(keys)):
+        first = taken.get(gpu.minor, 0)
+        for n, (minor, gi, ci) in enumerate(sorted(by_gpu.get(gpu.minor, ()))):
             out.append(
                 MigDevice(
-                    uuid=None, parent_minor=minor, parent_index=gpu.index, gi=gi, ci=ci, index=taken + n
+                    uuid=None, parent_minor=minor, parent_index=gpu.index, gi=gi, ci=ci, index=first + n
                 )
             )
     return tuple(out)
