@@ -282,10 +282,17 @@ def _read_dev_caps(driver_root: Path) -> dict[int, CapNode]:
     return out
 
 
-def read_cap_table(driver_root: Path) -> tuple[CapTable, tuple[str, ...]]:
-    """The MIG capabilities that exist; an absent mig-minors file means no MIG support."""
-    minors = read_mig_minors(driver_root)
-    if minors is None:
+def read_cap_table(
+    driver_root: Path, minors: MigMinors | bool | None = True
+) -> tuple[CapTable, tuple[str, ...]]:
+    """The MIG capabilities that exist; an absent mig-minors file means no MIG support.
+
+    ``minors`` is the parsed mig-minors file when the caller has it (``hook.nvidia.inventory``
+    caches it per boot and driver build), ``None`` when it is absent, ``True`` to read it here.
+    """
+    if minors is True:
+        minors = read_mig_minors(driver_root)
+    if minors is None or minors is False:
         return CapTable(), ()
     proc_caps = _read_proc_caps(driver_root, minors.names())
     table, warnings = build_cap_table(minors, proc_caps, _read_dev_caps(driver_root))
