@@ -8,13 +8,14 @@ already let through every container that needs nothing, so the hook never blocks
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hook.decide import decide
 from hook.errors import HookError, InputError
-from hook.gather import DEFAULT_SPEC_DIRS, Options, load_inputs
-from hook.oci import parse_state
+from hook.gather import Options, load_config, load_inputs
+from hook.oci import OciConfig, parse_state
 from hook.plan import Verdict
 from hook.record import replace
 from hook.report import build_report
@@ -26,23 +27,50 @@ STDIN = "state (stdin)"
 
 
 def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
-    spec_dirs = tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())) or DEFAULT_SPEC_DIRS
+    """Live and precreate argv as Options; what is not given comes from the settings (``gather.resolved``)."""
     inventory = opts.get("--inventory")
     config = opts.get("--config")
+    root = opts.get("--driver-root")
     return Options(
-        driver_root=Path((opts.get("--driver-root") or ["/"])[-1]),
-        spec_dirs=spec_dirs,
+        driver_root=Path(root[-1]) if root else None,
+        spec_dirs=tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())),
         inventory_file=Path(inventory[-1]) if inventory else None,
         settings_file=Path(config[-1]) if config else None,
         use_cache=use_cache,
     )
 
 
-def _log(record: dict[str, Any], settings: Settings | None) -> None:
+def _by_hand() -> bool:
+    """A person ran the hook with the state from a file or a terminal: runtimes (runc, crun) always
+    write the state into a pipe. Such a run must not add lines to the production log."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
+
+
+def _log(
+    record: dict[str, Any],
+    settings: Settings | None,
+    annotations: Mapping[str, str],
+    opts: dict[str, list[str]],
+) -> None:
+    import json
+
     from hook.log import write_log
+    from hook.logrecord import stamp
 
     s = settings or Settings()
-    problem = write_log(record, Path(s.log_file), max_bytes=s.log_max_bytes)
+    line = stamp(record, annotations)
+    if "--log" not in opts and _by_hand():
+        sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
+        sys.stderr.write(f"oci-device-hook: run by hand: not appended to {s.log_file} (--log does)\n")
+        return
+    problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
         sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
 
@@ -58,9 +86,19 @@ def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
             sys.stderr.write(f"oci-device-hook: warning: fast path cache: {problem}\n")
 
 
+def _decided_before(config: OciConfig, settings: Settings) -> bool:
+    """``hook precreate`` on this node decided exactly these nodes and rules (``hook.marker``)."""
+    from hook.marker import ANNOTATION, load_key, verify
+
+    if ANNOTATION not in config.annotations:
+        return False
+    return verify(load_key(Path(settings.cache_dir), create=False), config)
+
+
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
+    annotations: Mapping[str, str] = {}
     try:
         options = options_from(opts, use_cache=True)
         # settings first, so that an error in the state or config.json is logged where the operator said
@@ -68,24 +106,42 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         _remember(opts, settings)
         state = parse_state(stdin, STDIN)
         container = state.id
-        inputs = load_inputs(state, replace(options, settings=settings))
+        annotations = state.annotations
+        config = load_config(state)
+        annotations = {**config.annotations, **state.annotations}
+        if _decided_before(config, settings):
+            record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
+            _log({**record, "container": {"id": container}}, settings, annotations, opts)
+            return 0
+        inputs = load_inputs(state, replace(options, settings=settings), config)
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
-            _log(report, settings)
+            _log(report, settings, annotations, opts)
             sys.stderr.write(f"oci-device-hook: deny: {plan.reason}\n")
             return 3
         if plan.changes:
             if state.pid is None:
                 raise InputError(STDIN, "pid", "missing: the hook must run as a prestart/createRuntime hook")
+            from hook.apply.locate import find_container
             from hook.apply.transaction import apply_plan
 
-            applied = apply_plan(plan, state.pid, rootfs=inputs.config.root_path)
+            # before anything is written: the pid must be a container's (issue 11, item 2)
+            target = find_container(state.pid, inputs.config.cgroups_path, source=STDIN)
+            applied = apply_plan(
+                plan, state.pid, rootfs=inputs.config.root_path, target=target, host_dev=inputs.host_dev
+            )
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
-        _log(report, settings)
+            report["warnings"] += [f"{path}: left as it is: {why}" for path, why in applied.skipped]
+        _log(report, settings, annotations, opts)
         return 0
     except HookError as exc:
         sys.stderr.write(f"oci-device-hook: {exc}\n")
-        _log({"verdict": "error", "container": {"id": container}, "error": str(exc)}, settings)
+        _log(
+            {"verdict": "error", "container": {"id": container}, "error": str(exc)},
+            settings,
+            annotations,
+            opts,
+        )
         return exc.exit_code
