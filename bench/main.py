@@ -192,13 +192,23 @@ class Bench:
                                                                        warmup=1), 1.3))
 
     def wrapper_rows(self) -> None:
+        """The spec-level runtime wrapper on the subcommands it passes straight to the runtime."""
         wrapper = REPO / "packaging" / "runtime"
         if not wrapper.exists():
             self.notes.append("(7) the spec-level runtime wrapper (`packaging/runtime`) is not in this tree "
                               "yet: no row (target: <= 1.1x bare runc for every subcommand but `create`).")
             print(f"bench: {self.notes[-1]}", file=sys.stderr)
             return
-        self.notes.append("(7) `packaging/runtime` exists but bench/run has no driver for it yet.")
+        conf = self.tmp / "wrapper.yaml"
+        conf.write_text(f"runtime: {RUNC}\n")
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OCI_DEVICE_HOOK_CONFIG": str(conf)}
+        root = str(self.tmp / "runc")
+        run = [str(wrapper)] if os.access(wrapper, os.X_OK) else ["sh", str(wrapper)]
+        for sub in (["list"], ["features"], ["state", "odh-bench-none"]):
+            bare = _proc_sample([RUNC, "--root", root, *sub], env)
+            wrapped = _proc_sample([*run, "--root", root, *sub], env)
+            self.add(Row(f"(7) runtime wrapper, `{' '.join(sub[:1])}` (passed straight to runc)",
+                         f"bare `runc {sub[0]}`", paired(bare, wrapped, self.reps), 1.1))
 
     def linear_checks(self) -> None:
         """Every step linear: the in-process decision at 4x the nodes costs at most ~4x (+25 %)."""
@@ -309,6 +319,17 @@ class Bench:
         self.checks.append((label, ok, detail))
 
 
+def _proc_sample(cmd: list[str], env: dict[str, str]) -> Sample:
+    """Wall time of one run of ``cmd`` (its exit status is the runtime's business, not checked)."""
+
+    def run() -> float:
+        start = time.perf_counter()
+        subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env=env)
+        return time.perf_counter() - start
+
+    return run
+
+
 def _median_kib(path: Path) -> float:
     values = sorted(int(v) for v in path.read_text().split())
     return float(values[len(values) // 2])
@@ -404,6 +425,8 @@ in that namespace only.
 - (5): the slice pod of (2) on bigger fake hosts (`bench/hosts.py`): every accelerator node in
   `linux.devices`, narrowed to GPU 1. GPU minors stop at 253 (254/255 are nvidia-modeset and
   nvidiactl), so the largest one-major host has 254 GPUs.
+- (7): `packaging/runtime` (`#!/bin/sh`) with `runtime:` set to runc, on
+  subcommands it hands straight to runc, against runc itself.
 - (6): 32 `runc run` of no-device containers started at once; the makespan (first start to last
   exit) with the hook against the same with `python3 -ISB -c pass` as the hook.
 
