@@ -117,11 +117,21 @@ def _matcher(patterns: Mapping[str, tuple[str, ...]]) -> re.Pattern[str]:
     return _MATCHERS[key]
 
 
+_SEEN: dict[tuple[re.Pattern[str], str], bool] = {}
+
+
 def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether ``path`` is a /dev node one of the globs names; remembered per (globs, path),
+    since one start asks it several times for every node of the container and the host."""
+    matcher = _matcher(patterns)
+    known = _SEEN.get((matcher, path))
+    if known is not None:
+        return known
     clean = posixpath.normpath(path)
-    if not clean.startswith("/dev/"):
-        return False
-    return _matcher(patterns).match(clean[len("/dev/") :]) is not None
+    found = clean.startswith("/dev/") and matcher.match(clean[len("/dev/") :]) is not None
+    if len(_SEEN) < 65536:
+        _SEEN[(matcher, path)] = found
+    return found
 
 
 def split_ids(value: str) -> tuple[str, ...]:
