@@ -27,6 +27,7 @@ from typing import Any
 
 from bench import bundles, cdi_resolve, hosts, linearity
 from bench.timing import Pair, Sample, paired, timed_process
+from bench.wrapper import wrapper_rows
 
 REPO = bundles.REPO
 DOC = REPO / "docs" / "performance.md"
@@ -140,6 +141,10 @@ class Bench:
 
     def hooks(self, cmd: list[str]) -> dict[str, list[dict[str, Any]]]:
         return {"prestart": [{"path": cmd[0], "args": cmd, "env": bundles.HOOK_ENV, "timeout": 30}]}
+
+    def add_all(self, rows: list[Row]) -> None:
+        for row in rows:
+            self.add(row)
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
@@ -419,6 +424,10 @@ in that namespace only.
   It passes `--config` (log file and caches in the scratch dir), so it never takes the fast path.
 - (3): the hook process alone on a no-device container (state on stdin), against the bare
   interpreter with the launcher's flags.
+- (7a), (7b): the containers of (1) and (2) started through the spec-level runtime wrapper
+  (`packaging/runtime` beside the launcher, settings from `OCI_DEVICE_HOOK_CONFIG`, runc as the real
+  runtime; `bench/wrapper.py`): the wrapper runs `hook precreate` on config.json, then execs runc
+  with no hook registered. (7b) is narrowed in the config (allow-list), not in the running container.
 - (4): `hook.entry.main` in a `python3 -ISB` process for a container whose CDI annotation names
   the device in the last of 50 spec files, with the Plan's application stubbed (`bench/hookproc.py
   --stub-apply`), parsed-spec cache present: against 1 spec file of 10 devices.
@@ -554,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
 
         steps = {"nodev": b.nodev_rows, "slice": lambda: b.slice_rows(1), "slice-v2": v2,
                  "scale": b.scale_rows, "parallel": b.parallel_rows, "wrapper": b.wrapper_rows,
+                 "wrapper-run": lambda: b.add_all(wrapper_rows(b, RUNC)),
                  "linear": b.linear_checks, "alone": b.hook_alone_rows, "cdi": b.cdi_rows,
                  "rss": b.rss_measure, "nvml": b.nvml_checks}
         only = args.only.split(",") if args.only else list(steps)
