@@ -48,15 +48,19 @@ def fill_node(node: CdiDeviceNode, driver_root: Path) -> CdiDeviceNode:
         raise InputError(node.source, field, f"{host} is not a device node")
     wanted = "c" if node.type == "u" else node.type
     if wanted and wanted != host_type:
-        raise InputError(node.source, f"{node.field}.type",
-                         f"type {node.type!r} does not match host node {host} (type {host_type!r})")
+        raise InputError(
+            node.source,
+            f"{node.field}.type",
+            f"type {node.type!r} does not match host node {host} (type {host_type!r})",
+        )
     node_type = node.type or host_type
     if host_type == "p":
         return _replace(node, type=node_type, file_mode=file_mode)
     if node.major:
         return _replace(node, type=node_type, file_mode=file_mode)
-    return _replace(node, type=node_type, file_mode=file_mode,
-                    major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
+    return _replace(
+        node, type=node_type, file_mode=file_mode, major=os.major(st.st_rdev), minor=os.minor(st.st_rdev)
+    )
 
 
 def fill(edits: ContainerEdits, driver_root: Path) -> ContainerEdits:

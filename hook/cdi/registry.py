@@ -99,8 +99,9 @@ class _LoadedSpec:
     def device(self, qualified: str) -> Device:
         found = self._built.get(qualified)
         if found is None:
-            found = device_from_raw(self.raw, self._positions[qualified], self.source, self.priority,
-                                    self.spec_edits)
+            found = device_from_raw(
+                self.raw, self._positions[qualified], self.source, self.priority, self.spec_edits
+            )
             self._built[qualified] = found
         return found
 
@@ -111,8 +112,9 @@ class _LoadedSpec:
 class Registry:
     """Specs found in ``dirs``; use ``Registry.load``."""
 
-    def __init__(self, dirs: Sequence[Path], entries: dict[str, tuple[int, cache.Entry]],
-                 cached: cache.Cache | None) -> None:
+    def __init__(
+        self, dirs: Sequence[Path], entries: dict[str, tuple[int, cache.Entry]], cached: cache.Cache | None
+    ) -> None:
         self.dirs = tuple(dirs)
         self._entries = entries
         self._cached = cached
@@ -219,8 +221,9 @@ class Registry:
         unresolved = [n for n in wanted if n not in self._index]
         if unresolved:
             dirs = ":".join(str(d) for d in self.dirs)
-            raise InputError(f"CDI spec dirs {dirs}", "devices",
-                             "unresolvable CDI devices " + ", ".join(unresolved))
+            raise InputError(
+                f"CDI spec dirs {dirs}", "devices", "unresolvable CDI devices " + ", ".join(unresolved)
+            )
         return tuple(self.devices[n] for n in wanted)
 
     def resolve(self, names: Sequence[str]) -> ContainerEdits:

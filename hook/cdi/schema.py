@@ -32,6 +32,7 @@ def _int(bounds: tuple[int, int]) -> Callable[[Any], str | None]:
         if not bounds[0] <= v <= bounds[1]:
             return f"{v} is out of range {bounds[0]}..{bounds[1]}"
         return None
+
     return checker
 
 
@@ -47,23 +48,66 @@ _U32: Final = _int(UINT32)
 STRLIST: Final = ("list", _S)
 STRMAP: Final = ("map", _S)
 
-DEVICE_NODE: Final = ("obj", {"path": _S, "hostPath": _S, "type": _S, "major": _I64, "minor": _I64,
-                              "fileMode": _U32, "permissions": _S, "uid": _U32, "gid": _U32}, ("path",))
-MOUNT: Final = ("obj", {"hostPath": _S, "containerPath": _S, "options": STRLIST, "type": _S},
-                ("hostPath", "containerPath"))
-HOOK: Final = ("obj", {"hookName": _S, "path": _S, "args": STRLIST, "env": STRLIST, "timeout": _U32},
-               ("hookName", "path"))
+DEVICE_NODE: Final = (
+    "obj",
+    {
+        "path": _S,
+        "hostPath": _S,
+        "type": _S,
+        "major": _I64,
+        "minor": _I64,
+        "fileMode": _U32,
+        "permissions": _S,
+        "uid": _U32,
+        "gid": _U32,
+    },
+    ("path",),
+)
+MOUNT: Final = (
+    "obj",
+    {"hostPath": _S, "containerPath": _S, "options": STRLIST, "type": _S},
+    ("hostPath", "containerPath"),
+)
+HOOK: Final = (
+    "obj",
+    {"hookName": _S, "path": _S, "args": STRLIST, "env": STRLIST, "timeout": _U32},
+    ("hookName", "path"),
+)
 NET_DEVICE: Final = ("obj", {"hostInterfaceName": _S, "name": _S}, ("hostInterfaceName", "name"))
-INTEL_RDT: Final = ("obj", {"closID": _S, "l3CacheSchema": _S, "memBwSchema": _S, "schemata": STRLIST,
-                            "enableMonitoring": _bool}, ())
-EDITS: Final = ("obj", {"env": STRLIST, "deviceNodes": ("list", DEVICE_NODE),
-                        "netDevices": ("list", NET_DEVICE),
-                        "hooks": ("list", HOOK), "mounts": ("list", MOUNT), "intelRdt": INTEL_RDT,
-                        "additionalGids": ("list", _U32)}, ())
-DEVICE: Final = ("obj", {"name": _S, "annotations": STRMAP, "containerEdits": EDITS},
-                 ("name", "containerEdits"))
-SPEC: Final = ("obj", {"cdiVersion": _S, "kind": _S, "annotations": STRMAP, "devices": ("list", DEVICE),
-                       "containerEdits": EDITS}, ("cdiVersion", "kind", "devices"))
+INTEL_RDT: Final = (
+    "obj",
+    {"closID": _S, "l3CacheSchema": _S, "memBwSchema": _S, "schemata": STRLIST, "enableMonitoring": _bool},
+    (),
+)
+EDITS: Final = (
+    "obj",
+    {
+        "env": STRLIST,
+        "deviceNodes": ("list", DEVICE_NODE),
+        "netDevices": ("list", NET_DEVICE),
+        "hooks": ("list", HOOK),
+        "mounts": ("list", MOUNT),
+        "intelRdt": INTEL_RDT,
+        "additionalGids": ("list", _U32),
+    },
+    (),
+)
+DEVICE: Final = (
+    "obj",
+    {"name": _S, "annotations": STRMAP, "containerEdits": EDITS},
+    ("name", "containerEdits"),
+)
+SPEC: Final = (
+    "obj",
+    {
+        "cdiVersion": _S,
+        "kind": _S,
+        "annotations": STRMAP,
+        "devices": ("list", DEVICE),
+        "containerEdits": EDITS,
+    },
+    ("cdiVersion", "kind", "devices"),
+)
 
 _MISSING = object()
 
@@ -122,9 +166,18 @@ def is_missing(value: Any) -> bool:
 
 def _node(raw: dict[str, Any], source: str, field: str) -> CdiDeviceNode:
     return CdiDeviceNode(
-        path=raw["path"], host_path=raw.get("hostPath", ""), type=raw.get("type") or None,
-        major=raw.get("major"), minor=raw.get("minor"), permissions=raw.get("permissions", ""),
-        file_mode=raw.get("fileMode"), uid=raw.get("uid"), gid=raw.get("gid"), source=source, field=field)
+        path=raw["path"],
+        host_path=raw.get("hostPath", ""),
+        type=raw.get("type") or None,
+        major=raw.get("major"),
+        minor=raw.get("minor"),
+        permissions=raw.get("permissions", ""),
+        file_mode=raw.get("fileMode"),
+        uid=raw.get("uid"),
+        gid=raw.get("gid"),
+        source=source,
+        field=field,
+    )
 
 
 def edits_from_raw(raw: dict[str, Any] | None, source: str = "", field: str = "") -> ContainerEdits:
@@ -134,19 +187,40 @@ def edits_from_raw(raw: dict[str, Any] | None, source: str = "", field: str = ""
     rdt = raw.get("intelRdt")
     return ContainerEdits(
         env=tuple(raw.get("env", ())),
-        device_nodes=tuple(_node(n, source, f"{field}.deviceNodes[{i}]")
-                           for i, n in enumerate(raw.get("deviceNodes", ()))),
-        net_devices=tuple(NetDevice(host_interface_name=n["hostInterfaceName"], name=n["name"])
-                          for n in raw.get("netDevices", ())),
-        mounts=tuple(Mount(host_path=m["hostPath"], container_path=m["containerPath"],
-                           options=tuple(m.get("options", ())), type=m.get("type", ""))
-                     for m in raw.get("mounts", ())),
-        hooks=tuple(Hook(hook_name=h["hookName"], path=h["path"], args=tuple(h.get("args", ())),
-                         env=tuple(h.get("env", ())), timeout=h.get("timeout"))
-                    for h in raw.get("hooks", ())),
-        intel_rdt=None if rdt is None else IntelRdt(
-            clos_id=rdt.get("closID", ""), l3_cache_schema=rdt.get("l3CacheSchema", ""),
-            mem_bw_schema=rdt.get("memBwSchema", ""), schemata=tuple(rdt.get("schemata", ())),
-            enable_monitoring=rdt.get("enableMonitoring", False)),
+        device_nodes=tuple(
+            _node(n, source, f"{field}.deviceNodes[{i}]") for i, n in enumerate(raw.get("deviceNodes", ()))
+        ),
+        net_devices=tuple(
+            NetDevice(host_interface_name=n["hostInterfaceName"], name=n["name"])
+            for n in raw.get("netDevices", ())
+        ),
+        mounts=tuple(
+            Mount(
+                host_path=m["hostPath"],
+                container_path=m["containerPath"],
+                options=tuple(m.get("options", ())),
+                type=m.get("type", ""),
+            )
+            for m in raw.get("mounts", ())
+        ),
+        hooks=tuple(
+            Hook(
+                hook_name=h["hookName"],
+                path=h["path"],
+                args=tuple(h.get("args", ())),
+                env=tuple(h.get("env", ())),
+                timeout=h.get("timeout"),
+            )
+            for h in raw.get("hooks", ())
+        ),
+        intel_rdt=None
+        if rdt is None
+        else IntelRdt(
+            clos_id=rdt.get("closID", ""),
+            l3_cache_schema=rdt.get("l3CacheSchema", ""),
+            mem_bw_schema=rdt.get("memBwSchema", ""),
+            schemata=tuple(rdt.get("schemata", ())),
+            enable_monitoring=rdt.get("enableMonitoring", False),
+        ),
         additional_gids=tuple(raw.get("additionalGids", ())),
     )

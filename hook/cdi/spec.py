@@ -18,9 +18,18 @@ from hook.cdi.edits import HOOK_STAGES, ContainerEdits
 from hook.errors import InputError
 from hook.record import record
 
-__all__ = ["SpecError", "Spec", "Device", "decode", "validate_raw", "parse_spec", "spec_problems",
-           "document_problems", "spec_from_raw",
-           "device_from_raw"]
+__all__ = [
+    "SpecError",
+    "Spec",
+    "Device",
+    "decode",
+    "validate_raw",
+    "parse_spec",
+    "spec_problems",
+    "document_problems",
+    "spec_from_raw",
+    "device_from_raw",
+]
 
 
 class SpecError(InputError):
@@ -124,8 +133,11 @@ def decode(data: bytes, source: str) -> Any:
 
 
 def _env_problems(env: list[str], field: str) -> list[schema.Problem]:
-    return [(f"{field}[{i}]", f"invalid environment variable {e!r}: expected NAME=VALUE", "env")
-            for i, e in enumerate(env) if e.find("=") <= 0]
+    return [
+        (f"{field}[{i}]", f"invalid environment variable {e!r}: expected NAME=VALUE", "env")
+        for i, e in enumerate(env)
+        if e.find("=") <= 0
+    ]
 
 
 def _node_problems(node: dict[str, Any], field: str) -> list[schema.Problem]:
@@ -139,16 +151,22 @@ def _node_problems(node: dict[str, Any], field: str) -> list[schema.Problem]:
         out.append((f"{field}.type", f"invalid type {node['type']!r}: expected b, c, u or p", "device-type"))
     perms = node.get("permissions", "")
     if perms != "none" and perms.strip("rwm"):
-        out.append((f"{field}.permissions", f"invalid permissions {perms!r}: only r, w, m or 'none'",
-                    "permissions"))
+        out.append(
+            (f"{field}.permissions", f"invalid permissions {perms!r}: only r, w, m or 'none'", "permissions")
+        )
     return out
 
 
 def _hook_problems(hook: dict[str, Any], field: str) -> list[schema.Problem]:
     out: list[schema.Problem] = []
     if hook.get("hookName") not in HOOK_STAGES:
-        out.append((f"{field}.hookName", f"unknown hook name {hook.get('hookName')!r}: expected one of "
-                    + ", ".join(HOOK_STAGES), "hook-name"))
+        out.append(
+            (
+                f"{field}.hookName",
+                f"unknown hook name {hook.get('hookName')!r}: expected one of " + ", ".join(HOOK_STAGES),
+                "hook-name",
+            )
+        )
     if not hook.get("path", "").startswith("/"):
         out.append((f"{field}.path", f"hook path {hook.get('path')!r} must be absolute", "hook-path"))
     return out + _env_problems(hook.get("env", []), f"{field}.env")
@@ -199,8 +217,13 @@ def _version_problems(raw: dict[str, Any]) -> list[schema.Problem]:
         return []
     current = version.normalize(declared)
     if current is None:
-        return [("cdiVersion", f"invalid version {declared!r}: expected one of "
-                 + ", ".join(version.KNOWN_VERSIONS[:-2]), "version")]
+        return [
+            (
+                "cdiVersion",
+                f"invalid version {declared!r}: expected one of " + ", ".join(version.KNOWN_VERSIONS[:-2]),
+                "version",
+            )
+        ]
     if version.version_key(current) < version.version_key(version.EARLIEST):
         return [("cdiVersion", f"version {declared!r} is too old: at least {version.EARLIEST}", "version")]
     needed, field = version.required_version(raw)
@@ -213,7 +236,8 @@ def _version_problems(raw: dict[str, Any]) -> list[schema.Problem]:
 def _raw_edits_empty(edits: dict[str, Any]) -> bool:
     """The reference's "empty edits": no env, nodes, hooks, mounts, gids, net devices, intelRdt."""
     return "intelRdt" not in edits and not any(
-        edits.get(k) for k in ("env", "deviceNodes", "hooks", "mounts", "additionalGids", "netDevices"))
+        edits.get(k) for k in ("env", "deviceNodes", "hooks", "mounts", "additionalGids", "netDevices")
+    )
 
 
 def _device_problems(raw: dict[str, Any]) -> list[schema.Problem]:
@@ -229,8 +253,13 @@ def _device_problems(raw: dict[str, Any]) -> list[schema.Problem]:
             if problem:
                 out.append((f"devices[{i}].name", problem, "device-name"))
             elif name in seen:
-                out.append((f"devices[{i}].name", f"duplicate device {name!r} (also devices[{seen[name]}])",
-                            "unique-name"))
+                out.append(
+                    (
+                        f"devices[{i}].name",
+                        f"duplicate device {name!r} (also devices[{seen[name]}])",
+                        "unique-name",
+                    )
+                )
             seen.setdefault(name, i)
         if "containerEdits" in dev:
             field = f"devices[{i}].containerEdits"
@@ -286,17 +315,32 @@ def spec_from_raw(raw: dict[str, Any], source: str, priority: int) -> Spec:
     kind = raw["kind"]
     spec_edits = schema.edits_from_raw(raw.get("containerEdits"), source, "containerEdits")
     devices = tuple(device_from_raw(raw, i, source, priority, spec_edits) for i in range(len(raw["devices"])))
-    return Spec(source=source, priority=priority, version=raw["cdiVersion"], kind=kind,
-                annotations=dict(raw.get("annotations", {})), edits=spec_edits, devices=devices)
+    return Spec(
+        source=source,
+        priority=priority,
+        version=raw["cdiVersion"],
+        kind=kind,
+        annotations=dict(raw.get("annotations", {})),
+        edits=spec_edits,
+        devices=devices,
+    )
 
 
-def device_from_raw(raw: dict[str, Any], index: int, source: str, priority: int,
-                    spec_edits: ContainerEdits) -> Device:
+def device_from_raw(
+    raw: dict[str, Any], index: int, source: str, priority: int, spec_edits: ContainerEdits
+) -> Device:
     """Build one Device of a checked raw spec (the registry builds only the devices asked for)."""
     d = raw["devices"][index]
     edits = schema.edits_from_raw(d["containerEdits"], source, f"devices[{index}].containerEdits")
-    return Device(name=d["name"], kind=raw["kind"], source=source, priority=priority,
-                  annotations=dict(d.get("annotations", {})), spec_edits=spec_edits, edits=edits)
+    return Device(
+        name=d["name"],
+        kind=raw["kind"],
+        source=source,
+        priority=priority,
+        annotations=dict(d.get("annotations", {})),
+        spec_edits=spec_edits,
+        edits=edits,
+    )
 
 
 def parse_spec(data: bytes, source: str, priority: int) -> Spec:
