@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from hook.hostdev import HOST_DEV, shared_mount
 from hook.oci import OciConfig
 from hook.plan import Node, Plan, Verdict
 from hook.record import field, record
@@ -43,6 +44,7 @@ class Inputs:
     host_accelerators: tuple[Node, ...] = ()
     specific_mig: bool = False
     warnings: tuple[str, ...] = field(default=())
+    host_dev: tuple[str, ...] = (HOST_DEV,)  # the host's /dev directories (hostdev.host_dev_roots)
 
 
 @record
@@ -159,6 +161,34 @@ def _narrowing(
     return rules, remove, sorted({deny[k].path for k in deny})
 
 
+def _off_host_dev(
+    inputs: Inputs, create: list[Node], remove: list[str], warnings: list[str]
+) -> tuple[list[Node], list[str]]:
+    """Drop node changes that would land on the host's own /dev (a bind mount of it): there the
+    cgroup rules alone narrow, and ``warnings`` says which mount made it so."""
+    config = inputs.config
+    dropped: dict[int, int] = {}
+    labels: dict[int, str] = {}
+
+    def on_host(path: str) -> bool:
+        found = shared_mount(config.mounts, path, inputs.host_dev)
+        if found is None:
+            return False
+        i, m = found
+        dropped[i] = dropped.get(i, 0) + 1
+        labels[i] = f"mounts[{i}] {m.type or 'bind'} {m.source or m.type} at {m.destination}"
+        return True
+
+    kept_create = [n for n in create if not on_host(n.path)]
+    kept_remove = [p for p in remove if not on_host(p)]
+    for i in sorted(dropped):
+        warnings.append(
+            f"{config.source}: {labels[i]} is the host's /dev: narrowing there is cgroup-only, "
+            f"{dropped[i]} node(s) left as they are"
+        )
+    return kept_create, kept_remove
+
+
 def _allocation_names(requests: Requests) -> str:
     vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin]
     return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
@@ -203,6 +233,7 @@ def decide(inputs: Inputs) -> Plan:
             remove = []  # audit changes nothing: the removals are part of what it only reports
         else:
             rules += deny_rules
+    create, remove = _off_host_dev(inputs, create, remove, warnings)
     if not (rules or create or remove):
         if plugin_widened:  # only audit gets here: narrowing always denies
             why = (

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from hook import checkpoint as ckpt
 from hook.decide import Grant, Inputs
 from hook.errors import InputError
+from hook.hostdev import host_dev_roots
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
 from hook.record import field, record
@@ -308,5 +309,6 @@ def load_inputs(state: OciState, opts: Options) -> Inputs:
         grants=grants,
         host_accelerators=host,
         specific_mig=resolver.specific_mig,
+        host_dev=host_dev_roots(str(opts.driver_root)),
         warnings=(*warnings, *resolver.warnings),
     )

@@ -108,11 +108,17 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         if plan.changes:
             if state.pid is None:
                 raise InputError(STDIN, "pid", "missing: the hook must run as a prestart/createRuntime hook")
+            from hook.apply.locate import find_container
             from hook.apply.transaction import apply_plan
 
-            applied = apply_plan(plan, state.pid, rootfs=inputs.config.root_path)
+            # before anything is written: the pid must be a container's (issue 11, item 2)
+            target = find_container(state.pid, inputs.config.cgroups_path, source=STDIN)
+            applied = apply_plan(
+                plan, state.pid, rootfs=inputs.config.root_path, target=target, host_dev=inputs.host_dev
+            )
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
+            report["warnings"] += [f"{path}: left as it is: {why}" for path, why in applied.skipped]
         _log(report, settings, annotations, opts)
         return 0
     except HookError as exc:

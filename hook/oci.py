@@ -74,6 +74,7 @@ class OciConfig:
     resource_rules: tuple[Rule, ...]
     annotations: Mapping[str, str]
     warnings: tuple[str, ...] = ()
+    cgroups_path: str = ""  # linux.cgroupsPath as written: /abs, rel/ative or slice:prefix:name
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -291,5 +292,6 @@ def parse_config(data: bytes, source: str, bundle: str) -> OciConfig:
         ),
         annotations=_str_map(obj.get("annotations"), source, "annotations"),
         warnings=tuple(warnings),
+        cgroups_path=_str(linux, "cgroupsPath", source, "linux.", default=""),
         raw=obj,
     )

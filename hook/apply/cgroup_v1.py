@@ -139,7 +139,7 @@ class CgroupV1:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise ApplyError(str(target), line, exc.strerror or str(exc)) from exc
+            raise ApplyError(str(target), f"write {line}", exc.strerror or str(exc)) from exc
 
     def apply(self, rules: Iterable[Rule]) -> AppliedV1:
         """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect."""
