@@ -345,7 +345,8 @@ def _restart(node: Node, engine: str) -> None:
 def install(node: Node) -> int:
     opts = node.opts
     src = Path(opts.src)
-    if node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
+    dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
+    if dpkg_owned and node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
         raise InstallError("dpkg", PKG, "the package is installed by dpkg on this node: remove it first")
     python_version = check_python(node)
     version = _tree_version(src)
