@@ -70,18 +70,29 @@ def _warn_missing_dirs(dirs: Any) -> None:
             click.echo(f"hook: warning: --cdi-spec-dir {d}: no such directory", err=True)
 
 
-def _options(o: dict[str, Any], *, use_cache: bool) -> Any:
-    from hook.gather import DEFAULT_SPEC_DIRS, Options
+def _options(o: dict[str, Any], *, use_cache: bool, resolve: bool = True) -> Any:
+    """Options from the command line; with ``resolve``, what is not given comes from the settings
+    file (``driver_root``, ``cdi_spec_dirs``), or the defaults when that file cannot be read."""
+    from hook.gather import Options, resolved
 
     _warn_missing_dirs(o.get("spec_dirs"))
 
-    return Options(
-        driver_root=o.get("driver_root") or Path("/"),
-        spec_dirs=tuple(o.get("spec_dirs") or DEFAULT_SPEC_DIRS),
+    opts = Options(
+        driver_root=o.get("driver_root"),
+        spec_dirs=tuple(o.get("spec_dirs") or ()),
         inventory_file=o.get("inventory_file"),
         settings_file=o.get("config_file"),
         use_cache=use_cache,
     )
+    if not resolve or (opts.driver_root is not None and opts.spec_dirs):
+        return opts
+    from hook.settings import DEFAULT_PATH, Settings, load_settings
+
+    try:
+        settings = load_settings(opts.settings_file or DEFAULT_PATH)
+    except HookError:
+        settings = Settings()  # a tool still runs; the decision paths report the file's error
+    return resolved(opts, settings)
 
 
 def _finish(text: str, code: int) -> None:
@@ -129,7 +140,7 @@ def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_c
 
     state = read_state_file(state_file) if state_file else state_from_bundle(bundle)
     state = replace(state, bundle=str(bundle))
-    inputs = load_inputs(state, _options(o, use_cache=False))
+    inputs = load_inputs(state, _options(o, use_cache=False, resolve=False))
     plan = decide(inputs)
     report = build_report(inputs, plan)
     if output_config is not None:
@@ -139,20 +150,13 @@ def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_c
 
 
 def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
-    from hook.requests import Kind
-    from hook.specwriter import fold_plan
+    """The config ``hook precreate`` would hand the runtime (the same fold: ``precreate.decided_config``)."""
+    from hook.precreate import decided_config
 
-    config = dict(inputs.config.raw)
-    names = [r.value for r in inputs.requests.items if r.kind is Kind.CDI]
-    if names:
-        from hook.cdi.edits import apply_to_config
-        from hook.cdi.hostnodes import fill
-        from hook.cdi.registry import Registry
-
-        registry = Registry.load(list(_options(o, use_cache=False).spec_dirs), None)
-        config = apply_to_config(config, fill(registry.resolve(names), o.get("driver_root") or Path("/")))
+    opts = _options(o, use_cache=False)
+    config = decided_config(inputs, plan, opts.driver_root, opts.spec_dirs)
     try:
-        out.write_text(json.dumps(fold_plan(config, plan), indent=2, sort_keys=True) + "\n")
+        out.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
         raise HookError(str(out), "", exc.strerror or str(exc)) from None
 
@@ -167,7 +171,7 @@ def inventory(ctx: click.Context, /, **kw: Any) -> None:
     o = _merged(ctx, **kw)
     _finish(
         *cmd_inventory(
-            o.get("driver_root") or Path("/"), o.get("inventory_file"), None, o.get("fmt") or "json"
+            _options(o, use_cache=False).driver_root, o.get("inventory_file"), None, o.get("fmt") or "json"
         )
     )
 

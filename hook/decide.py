@@ -67,15 +67,26 @@ def _config_nodes(config: OciConfig) -> tuple[Node, ...]:
     )
 
 
+def _rules_open(rules: Sequence[Rule], node: Node) -> bool:
+    """The container's own rules let it read or write ``node`` (``m`` alone opens nothing)."""
+    kind = DeviceType(node.type)
+    return any(evaluate(rules, kind, node.major, node.minor, a) for a in (Access.R, Access.W))
+
+
 def container_facts(inputs: Inputs) -> Facts:
     config = inputs.config
     privileged = is_privileged(config.resource_rules)
     requested = {g.key for gs in inputs.grants.values() for g in gs}
-    extra = tuple(
-        n
-        for n in _config_nodes(config)
-        if is_accelerator(n.path, inputs.settings.accelerator_nodes) and _key(n) not in requested
-    )
+    patterns = inputs.settings.accelerator_nodes
+    found: dict[tuple[str, int, int], Node] = {}
+    for n in _config_nodes(config):
+        if is_accelerator(n.path, patterns) and _key(n) not in requested:
+            found.setdefault(_key(n), n)
+    if inputs.requests.bounded and not privileged:  # also what linux.resources.devices allows
+        for n in inputs.host_accelerators:
+            if _key(n) not in requested and _rules_open(config.resource_rules, n):
+                found.setdefault(_key(n), n)
+    extra = tuple(found.values())
     return Facts(
         privileged=privileged,
         sys_admin=has_sys_admin(config),
@@ -139,18 +150,22 @@ def _additions(
 
 
 def _narrowing(
-    inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant]
+    inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant], privileged: bool
 ) -> tuple[list[Rule], list[str], list[str]]:
     """Deny every accelerator node outside the allocation; one exact rule each (v1 cannot re-allow
     inside a denied wildcard), and remove the ones the engine put in the container. The third
-    value names the denied nodes, so the log says what was denied, not just how many."""
+    value names the denied nodes, so the log says what was denied, not just how many.
+
+    An unprivileged container is denied ``rw`` only: runc's default ``c *:* m`` keeps ``m`` on
+    every char device in a v1 cgroup, so a ``rwm`` deny could never take full effect there."""
+    access = Access.RWM if privileged else Access.R | Access.W
     patterns = inputs.settings.accelerator_nodes
     candidates = [*inputs.host_accelerators, *_config_nodes(inputs.config)]
     deny: dict[tuple[str, int, int], Node] = {}
     for n in candidates:
         if is_accelerator(n.path, patterns) and _key(n) not in allowed:
             deny.setdefault(_key(n), n)
-    rules = [_rule(deny[k], False) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
+    rules = [_rule(deny[k], False, access) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
     remove = sorted(
         {
             d.path
@@ -191,6 +206,8 @@ def _off_host_dev(
 
 def _allocation_names(requests: Requests) -> str:
     vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin]
+    if not vals:
+        return "(none: the kubelet allocated this container no GPU)"
     return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
 
 
@@ -206,7 +223,7 @@ def decide(inputs: Inputs) -> Plan:
     if refusal:
         return _plan(Verdict.DENY, refusal, warnings)
     reqs = inputs.requests
-    plugin_widened = reqs.from_plugin and facts.widened
+    plugin_widened = (reqs.from_plugin or reqs.bounded) and facts.widened
     if facts.privileged and not reqs.from_plugin:
         return _plan(
             Verdict.NONE,
@@ -225,7 +242,7 @@ def decide(inputs: Inputs) -> Plan:
     remove: list[str] = []
     denied: list[str] = []
     if plugin_widened:
-        deny_rules, remove, denied = _narrowing(inputs, wanted)
+        deny_rules, remove, denied = _narrowing(inputs, wanted, facts.privileged)
         if inputs.settings.privileged_allocation is Policy.AUDIT:
             warnings.append(
                 f"audit: would deny {len(deny_rules)} accelerator node(s) outside {_allocation_names(reqs)}"

@@ -26,6 +26,7 @@ LIVE_HELP = """Usage: hook [prestart|createRuntime] [OPTIONS] < STATE
   Live mode, as an OCI runtime runs it: reads the container's OCI state JSON on stdin, decides,
   and applies the decision to the starting container. The stages createContainer,
   startContainer, poststart and poststop are a no-op. Simulate instead with: hook --bundle DIR
+  Spec level: hook precreate [OPTIONS] < config.json > decided config.json
 
 Options:
   --config FILE          settings file (YAML)
@@ -93,7 +94,7 @@ def _unknown_word(word: str) -> int:
     """A word that is neither an OCI stage nor a subcommand: a usage error, never a silent no-op."""
     from difflib import get_close_matches
 
-    known = sorted(TOOLS | LIVE_STAGES | OTHER_STAGES)
+    known = sorted(TOOLS | LIVE_STAGES | OTHER_STAGES | {"precreate"})
     close = get_close_matches(word, known, n=1, cutoff=0.6) or get_close_matches(
         word.lower(), [k.lower() for k in known], n=1, cutoff=0.6
     )
@@ -328,6 +329,43 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
         return False
 
 
+def _precreate_fast(opts: dict[str, list[str]], stdin: bytes) -> bool:
+    """``hook precreate``'s fast path: this config (on stdin) needs no decision, pass it on as is."""
+    fast = _fast_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1])
+    if fast is None:
+        return False
+    try:
+        config = _loads(stdin)
+        if not isinstance(config, dict) or not _well_formed({"bundle": "-"}, config):
+            return False
+        return not needs_decision(config, {}, *fast)
+    except (ValueError, TypeError, AttributeError):
+        return False
+
+
+def _write_out(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+
+
+def precreate(opts: dict[str, list[str]]) -> int:
+    """Config in on stdin, decided config out on stdout (hooks.d ``precreate``, the runtime wrapper)."""
+    try:
+        stdin = _read(0, MAX_CONFIG)
+    except (OSError, ValueError):
+        stdin = b""
+    if len(stdin) <= MAX_CONFIG and _precreate_fast(opts, stdin):
+        _write_out(stdin)
+        return 0
+    from hook.precreate import run_precreate
+
+    code, out = run_precreate(opts, stdin)
+    if out:
+        _write_out(out)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parsed = _split(argv)
@@ -337,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv)
     opts, positional = parsed
     stage = positional[0] if positional else "prestart"
-    if stage not in LIVE_STAGES and stage not in OTHER_STAGES:
+    if stage == "precreate" and not ("--help" in opts or "-h" in opts):
+        return precreate(opts)
+    if stage not in LIVE_STAGES and stage not in OTHER_STAGES and stage != "precreate":
         return _unknown_word(stage)
     if "--help" in opts or "-h" in opts:
         sys.stdout.write(LIVE_HELP)

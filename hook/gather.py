@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,24 +19,38 @@ from hook.errors import InputError
 from hook.hostdev import host_dev_roots
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
-from hook.record import field, record
+from hook.record import field, record, replace
 from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator, is_privileged
 from hook.rules import Access
 from hook.settings import DEFAULT_PATH, Settings, load_settings
 
 if TYPE_CHECKING:
+    from hook.allowlist import HostDevices
     from hook.cdi.registry import Registry
     from hook.nvidia.model import Inventory
 
-__all__ = ["Options", "read_limited", "read_state_file", "state_from_bundle", "load_inputs"]
+__all__ = [
+    "Options",
+    "read_limited",
+    "read_state_file",
+    "state_from_bundle",
+    "resolved",
+    "host_devices",
+    "load_config",
+    "load_inputs",
+    "inputs_for_config",
+]
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 
 @record
 class Options:
-    driver_root: Path = Path("/")
-    spec_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
+    """Where a decision reads the host. ``None``/``()`` mean "the settings' ``driver_root`` /
+    ``cdi_spec_dirs``": a command-line option wins over the settings file, which wins over the default."""
+
+    driver_root: Path | None = None
+    spec_dirs: tuple[Path, ...] = ()
     inventory_file: Path | None = None
     settings_file: Path | None = None
     use_cache: bool = True  # simulation never writes caches
@@ -68,6 +82,15 @@ def state_from_bundle(bundle: Path) -> OciState:
     )
 
 
+def resolved(opts: Options, settings: Settings) -> Options:
+    """``opts`` with the driver root and spec dirs made concrete (options, else settings)."""
+    return replace(
+        opts,
+        driver_root=opts.driver_root if opts.driver_root is not None else Path(settings.driver_root),
+        spec_dirs=opts.spec_dirs or tuple(Path(d) for d in settings.cdi_spec_dirs),
+    )
+
+
 def _settings(opts: Options) -> Settings:
     if opts.settings is not None:
         return opts.settings
@@ -76,25 +99,39 @@ def _settings(opts: Options) -> Settings:
     return load_settings(DEFAULT_PATH)
 
 
-def _allocations(
-    annotations: dict[str, str], settings: Settings, warnings: list[str]
-) -> tuple[ckpt.Allocation, ...]:
-    ident = ckpt.pod_identity(annotations)
-    if ident is None:
-        return ()
+MAX_CHECKPOINT_BYTES = 64 << 20
+
+
+def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
+    """What the kubelet's checkpoint says about this container; None outside Kubernetes.
+
+    Never raises: a missing, unreadable or corrupt checkpoint is a state the decision weighs
+    (and a warning), so a container that asks for no device always starts.
+    """
+    pod = ckpt.pod_of(annotations)
+    if pod is None:
+        return None
     path = Path(settings.kubelet_checkpoint)
+
+    def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
+        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs)
+
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ()
-    except OSError as exc:
-        warnings.append(f"{path}: unreadable ({exc.strerror}); using the other evidence")
-        return ()
+        data = read_limited(path, MAX_CHECKPOINT_BYTES, "kubelet checkpoint")
+    except InputError as exc:
+        if os.path.lexists(path):
+            warnings.append(f"{exc}; using the other evidence")
+            return view("unreadable")
+        return view("absent")
     try:
-        return ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), *ident)
+        return view(
+            "read", ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), pod.uid, pod.container)
+        )
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
-        return ()
+    except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
+        warnings.append(f"{path}: cannot decode ({type(exc).__name__}); using the other evidence")
+    return view("corrupt")
 
 
 class _Resolver:
@@ -102,6 +139,7 @@ class _Resolver:
 
     def __init__(self, opts: Options, settings: Settings, config: OciConfig, requests: Requests) -> None:
         self.opts, self.settings, self.config, self.requests = opts, settings, config, requests
+        self.driver_root = opts.driver_root or Path("/")
         self._registry: Registry | None = None
         self._inventory: Inventory | None = None
         self.specific_mig = False
@@ -133,7 +171,7 @@ class _Resolver:
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
             # MIG UUIDs and NVML's G:M order are what /proc lacks; "all" and GPU IDs don't need them.
             need_migs = any(r.kind is Kind.NVIDIA and _is_mig_id(r.value) for r in self.requests.items)
-            self._inventory = load(self.opts.driver_root, self.opts.inventory_file, cache, need_migs)
+            self._inventory = load(self.driver_root, self.opts.inventory_file, cache, need_migs)
         return self._inventory
 
     def access_for(self, node: Node, default: Access) -> Access:
@@ -154,7 +192,7 @@ class _Resolver:
         from hook.cdi.edits import to_nodes_and_rules
         from hook.cdi.hostnodes import fill
 
-        nodes, rules = to_nodes_and_rules(fill(self.registry().resolve(names), self.opts.driver_root))
+        nodes, rules = to_nodes_and_rules(fill(self.registry().resolve(names), self.driver_root))
         access = {(str(r.type), r.major, r.minor): r.access for r in rules}
         return tuple(
             Grant(node=n, access=self.access_for(n, access.get((n.type, n.major, n.minor), Access.RWM)))
@@ -195,7 +233,7 @@ class _Resolver:
             for r in rules:
                 access |= r.access
             return (Grant(node=node, access=access or Access.R | Access.W),)
-        return self.grants((_host_node(self.opts.driver_root, req.value, req.source),))
+        return self.grants((_host_node(self.driver_root, req.value, req.source),))
 
     def imex(self, req: DeviceRequest) -> tuple[Grant, ...]:
         major = self.inventory().majors.imex
@@ -283,26 +321,68 @@ def scan_accelerators(driver_root: Path, patterns: dict[str, tuple[str, ...]] | 
     return tuple(sorted(found, key=lambda n: (n.major, n.minor, n.path)))
 
 
+def host_devices(driver_root: Path) -> HostDevices:
+    """``<driver-root>/proc/devices`` and every device node two levels under ``<driver-root>/dev``,
+    for the spec-level allow-list; an unreadable part is simply unknown (the list gets narrower)."""
+    from hook.allowlist import HostDevices, parse_device_majors
+    from hook.rules import DeviceType
+
+    try:
+        majors = parse_device_majors((driver_root / "proc/devices").read_text(errors="replace"))
+    except OSError:
+        majors = {}
+    nodes: list[tuple[DeviceType, int, int]] = []
+
+    def walk(directory: Path, depth: int) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and depth < 2:
+                walk(Path(e.path), depth + 1)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                kind = DeviceType.CHAR if stat.S_ISCHR(st.st_mode) else DeviceType.BLOCK
+                nodes.append((kind, os.major(st.st_rdev), os.minor(st.st_rdev)))
+
+    walk(driver_root / "dev", 0)
+    return HostDevices(majors=majors, nodes=tuple(sorted(set(nodes))))
+
+
 def load_config(state: OciState) -> OciConfig:
     bundle = Path(state.bundle)
     path = bundle / "config.json"
     return parse_config(read_limited(path, MAX_CONFIG_BYTES, "config.json"), str(path), str(bundle))
 
 
-def load_inputs(state: OciState, opts: Options) -> Inputs:
+def load_inputs(state: OciState, opts: Options, config: OciConfig | None = None) -> Inputs:
     """Everything ``decide`` needs for this container, or one ``InputError``."""
-    config = load_config(state)
+    config = config if config is not None else load_config(state)
+    return inputs_for_config(config, state.annotations, state.id, opts)
+
+
+def inputs_for_config(
+    config: OciConfig, annotations: Mapping[str, str], container_id: str, opts: Options
+) -> Inputs:
+    """The decision's inputs from a config alone (``hook precreate``: no state, pid or bundle yet)."""
     settings = _settings(opts)
+    opts = resolved(opts, settings)
     warnings: list[str] = []
-    annotations = {**config.annotations, **state.annotations}
-    requests = collect(config, annotations, settings, _allocations(annotations, settings, warnings))
+    annotations = {**config.annotations, **annotations}
+    requests = collect(config, annotations, settings, _kubelet(annotations, settings, warnings))
     resolver = _Resolver(opts, settings, config, requests)
     grants = resolver.resolve_all()
     host: tuple[Node, ...] = ()
-    if requests.from_plugin and (is_privileged(config.resource_rules) or config.devices):
-        host = scan_accelerators(opts.driver_root, settings.accelerator_nodes)
+    if requests.bounded or (
+        requests.from_plugin and (is_privileged(config.resource_rules) or config.devices)
+    ):
+        host = scan_accelerators(opts.driver_root or Path("/"), settings.accelerator_nodes)
     return Inputs(
-        container_id=state.id,
+        container_id=container_id,
         config=config,
         settings=settings,
         requests=requests,

@@ -274,12 +274,13 @@ def _containerd_wanted(node: Node) -> bool:
 
 def _handler_shim(node: Node, handler: str, real: str) -> str:
     """A per-handler entry for a handler whose runc binary is not runc (e.g. nvidia-container-runtime):
-    the wrapper with ``OCI_DEVICE_HOOK_RUNTIME`` naming the binary it replaces."""
+    the wrapper with ``OCI_DEVICE_HOOK_REAL_RUNTIME`` naming the binary it replaces."""
     path = f"{node.opts.libexec}/handlers/{handler}"
     script = (
         "#!/bin/sh\n# oci-device-hook: containerd runtime handler "
         f"{handler!r}; written by the installer, removed by uninstall\n"
-        f'OCI_DEVICE_HOOK_RUNTIME={_sh_quote(real)} exec {_sh_quote(node.opts.libexec + "/runtime")} "$@"\n'
+        f"OCI_DEVICE_HOOK_REAL_RUNTIME={_sh_quote(real)} "
+        f'exec {_sh_quote(node.opts.libexec + "/runtime")} "$@"\n'
     )
     _atomic_write(node.path(path), script.encode(), 0o755)
     return path

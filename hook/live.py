@@ -14,8 +14,8 @@ from typing import Any
 
 from hook.decide import decide
 from hook.errors import HookError, InputError
-from hook.gather import DEFAULT_SPEC_DIRS, Options, load_inputs
-from hook.oci import parse_state
+from hook.gather import Options, load_config, load_inputs
+from hook.oci import OciConfig, parse_state
 from hook.plan import Verdict
 from hook.record import replace
 from hook.report import build_report
@@ -27,12 +27,13 @@ STDIN = "state (stdin)"
 
 
 def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
-    spec_dirs = tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())) or DEFAULT_SPEC_DIRS
+    """Live and precreate argv as Options; what is not given comes from the settings (``gather.resolved``)."""
     inventory = opts.get("--inventory")
     config = opts.get("--config")
+    root = opts.get("--driver-root")
     return Options(
-        driver_root=Path((opts.get("--driver-root") or ["/"])[-1]),
-        spec_dirs=spec_dirs,
+        driver_root=Path(root[-1]) if root else None,
+        spec_dirs=tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())),
         inventory_file=Path(inventory[-1]) if inventory else None,
         settings_file=Path(config[-1]) if config else None,
         use_cache=use_cache,
@@ -85,6 +86,15 @@ def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
             sys.stderr.write(f"oci-device-hook: warning: fast path cache: {problem}\n")
 
 
+def _decided_before(config: OciConfig, settings: Settings) -> bool:
+    """``hook precreate`` on this node decided exactly these nodes and rules (``hook.marker``)."""
+    from hook.marker import ANNOTATION, load_key, verify
+
+    if ANNOTATION not in config.annotations:
+        return False
+    return verify(load_key(Path(settings.cache_dir), create=False), config)
+
+
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
@@ -97,8 +107,13 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         state = parse_state(stdin, STDIN)
         container = state.id
         annotations = state.annotations
-        inputs = load_inputs(state, replace(options, settings=settings))
-        annotations = {**inputs.config.annotations, **state.annotations}
+        config = load_config(state)
+        annotations = {**config.annotations, **state.annotations}
+        if _decided_before(config, settings):
+            record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
+            _log({**record, "container": {"id": container}}, settings, annotations, opts)
+            return 0
+        inputs = load_inputs(state, replace(options, settings=settings), config)
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:

@@ -102,6 +102,8 @@ def test_output_config_folds_the_slice_decision(tmp_path: Path) -> None:
     folded = json.loads(out.read_text())
     paths = [d["path"] for d in folded["linux"]["devices"]]
     assert [p for p in paths if re.match(r"^/dev/nvidia[0-9]+$", p)] == ["/dev/nvidia1"]
-    rules = folded["linux"]["resources"]["devices"]
-    assert rules[0] == {"allow": True, "access": "rwm"}
-    assert {(r["major"], r["minor"]) for r in rules[1:] if not r["allow"]} >= {(195, 0), (195, 7), (237, 2)}
+    rules = folded["linux"]["resources"]["devices"]  # what precreate hands the runtime: an allow-list
+    assert rules[0] == {"allow": False, "type": "a", "major": None, "minor": None, "access": "rwm"}
+    assert all(r["allow"] for r in rules[1:])
+    gpus = {(r["major"], r["minor"]) for r in rules if r["type"] == "c" and r["major"] == 195}
+    assert gpus == {(195, 1), (195, 255)}  # its card and nvidiactl

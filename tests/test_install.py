@@ -58,7 +58,7 @@ def make_tree(dest: Path, version: str = "") -> Path:
     if runtime.exists():
         shutil.copy2(runtime, libexec / "runtime")
     else:  # speclevel's wrapper not merged yet: a stand-in with the same contract
-        (libexec / "runtime").write_text('#!/bin/sh\nexec "${OCI_DEVICE_HOOK_RUNTIME:-runc}" "$@"\n')
+        (libexec / "runtime").write_text('#!/bin/sh\nexec "${OCI_DEVICE_HOOK_REAL_RUNTIME:-runc}" "$@"\n')
         (libexec / "runtime").chmod(0o755)
     (dest / "usr/share/containers/oci/hooks.d").mkdir(parents=True)
     shutil.copy2(REPO / "nvidia-hook.json", dest / "usr/share/containers/oci/hooks.d/oci-device-hook.json")
@@ -339,7 +339,10 @@ def test_installer_registers_containerd_handlers_and_restores_the_file(node: Nod
     assert rt["runc"]["options"]["BinaryName"] == f"{node.libexec}/runtime"
     shim = node.libexec / "handlers/nvidia"
     assert rt["nvidia"]["options"]["BinaryName"] == str(shim)
-    assert "OCI_DEVICE_HOOK_RUNTIME='/usr/local/nvidia/toolkit/nvidia-container-runtime'" in shim.read_text()
+    assert (
+        "OCI_DEVICE_HOOK_REAL_RUNTIME='/usr/local/nvidia/toolkit/nvidia-container-runtime'"
+        in shim.read_text()
+    )
     assert node.containerd.stat().st_mode & 0o777 == 0o600
     check = doctor.check_containerd(node.containerd, str(node.libexec))
     assert check.ok and "nvidia (default), runc" in check.detail, check
@@ -348,6 +351,23 @@ def test_installer_registers_containerd_handlers_and_restores_the_file(node: Nod
     _ok(node.installer("uninstall", tree))
     assert node.containerd.read_text() == GPU_OPERATOR_V2
     assert not doctor.check_containerd(node.containerd, str(node.libexec)).ok
+
+
+@needs_python
+def test_a_handler_shim_runs_the_binary_it_replaced_through_the_wrapper(node: Node, tree: Path) -> None:
+    real = node.base / "nvidia-container-runtime"
+    real.write_text(f'#!/bin/sh\necho "$0 $*" > {node.base}/ran\n')
+    real.chmod(0o755)
+    node.containerd.parent.mkdir()
+    node.containerd.write_text(
+        GPU_OPERATOR_V2.replace("/usr/local/nvidia/toolkit/nvidia-container-runtime", str(real))
+    )
+    _ok(node.installer("install", tree))
+    env = {"PATH": "/usr/bin:/bin", "OCI_DEVICE_HOOK_CONFIG": str(node.etc / "config.yaml")}
+    shim = [str(node.libexec / "handlers/nvidia"), "state", "ctr-1"]
+    proc = subprocess.run(shim, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (node.base / "ran").read_text() == f"{real} state ctr-1\n"
 
 
 @needs_python

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "packaging"
 HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
 HOOKS_STAGES = {"createContainer", "createRuntime", "prestart", "poststart", "poststop", "startContainer"}
-SHELL_SCRIPTS = ["build-deb", "debian/postinst", "debian/prerm", "debian/postrm"]
+SHELL_SCRIPTS = ["build-deb", "runtime", "debian/postinst", "debian/prerm", "debian/postrm"]
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed")
 
 
@@ -80,8 +80,10 @@ def test_default_config_has_every_key_commented_out() -> None:
     keys = {m.group(1) for m in re.finditer(r"^#([a-z_]+):", text, re.M)}
     expected = {
         "privileged_allocation", "cdi_annotation_prefixes", "volume_mount_root", "kubelet_checkpoint",
-        "corroborating_env", "accelerator_nodes", "cdi_kinds", "accept_envvar_when_unprivileged",
+        "corroborating_env", "accelerator_nodes", "cdi_kinds", "env_requests",
+        "env_trusted_namespaces", "gpu_resources",
         "mig_management", "cap_access", "log_file", "log_max_bytes", "cache_dir",
+        "runtime", "driver_root", "cdi_spec_dirs",
     }  # fmt: skip
     assert keys == expected
 

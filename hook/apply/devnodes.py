@@ -310,6 +310,7 @@ def _child(
     rootfs: str | None,
     actions: Sequence[tuple[str, Change]],
     host_devs: frozenset[int],
+    ns_name: str = "mount namespace",
 ) -> None:
     """Runs in the forked child: join, resolve root and /dev, act, report; never returns."""
     report: dict[str, Any] = {"error": None, "journal": [], "skipped": []}
@@ -318,7 +319,7 @@ def _child(
         try:
             _setns(ns_fd)
         except OSError as exc:
-            raise ApplyError("mount namespace", "setns", exc.strerror or str(exc)) from exc
+            raise ApplyError(ns_name, "setns", exc.strerror or str(exc)) from exc
         os.umask(0)
         root_fd = _container_root(ids[0], ids[1], rootfs)
         try:
@@ -339,10 +340,12 @@ def _child(
     if dev is not None:
         report["journal"] = [_change_dict(c) for c in dev.journal]
         report["skipped"] = dev.skipped
+    status = 1
     try:
         os.write(wfd, json.dumps(report).encode())
+        status = 0
     finally:
-        os._exit(0)
+        os._exit(status)  # 1: the parent gets no report and fails the step (the runtime aborts the container)
 
 
 def _change_dict(c: Change) -> dict[str, Any]:
@@ -392,20 +395,21 @@ def _in_namespace(
     child = os.fork()
     if child == 0:
         os.close(rfd)
-        _child(ns_fd, wfd, ids, rootfs, actions, host_devs)
+        _child(ns_fd, wfd, ids, rootfs, actions, host_devs, str(ns_path))
     os.close(wfd)
     os.close(ns_fd)
     data = b""
     with os.fdopen(rfd, "rb") as reader:
         data = reader.read()
-    os.waitpid(child, 0)
+    _, status = os.waitpid(child, 0)
     try:
         report = json.loads(data)
         journal = tuple(Change(**c) for c in report["journal"])
         skipped = tuple((str(p), str(w)) for p, w in report["skipped"])
         error = report["error"]
     except (ValueError, KeyError, TypeError):
-        return _Outcome(journal=(), skipped=(), error=("device nodes child", "", "exited without a report"))
+        why = f"the helper in the container's namespace exited without a report (wait status {status})"
+        return _Outcome(journal=(), skipped=(), error=(str(ns_path), "", why))
     return _Outcome(journal=journal, skipped=skipped, error=tuple(error) if error else None)
 
 

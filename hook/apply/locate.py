@@ -224,9 +224,7 @@ def _namespace_id(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def find_container(
-    pid: int, cgroups_path: str, *, source: str, proc: Path = Path("/proc")
-) -> CgroupTarget:
+def find_container(pid: int, cgroups_path: str, *, source: str, proc: Path = Path("/proc")) -> CgroupTarget:
     """``find`` for the pid of a runtime's state, after checking that it is a container's.
 
     A pid in the hook's own mount namespace (a host process), in a root cgroup, or outside

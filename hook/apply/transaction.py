@@ -59,11 +59,14 @@ def _program_ids(applied: Any) -> dict[str, Any]:
     return {"replaced": list(applied.old_ids), "attached": list(applied.new_ids), "changed": applied.changed}
 
 
-def _fail(step: str, exc: Exception, undos: list[tuple[str, Callable[[], None]]]) -> ApplyError:
+def _fail(
+    step: str, exc: Exception, undos: list[tuple[str, Callable[[], None]]], where: str = ""
+) -> ApplyError:
     """Run every undo (newest first) and build the one error the caller sees.
 
     The line reads ``<file>: <step>[: <operation>]: <reason>``: the step once, the file (or the
-    container path) that failed, and each failed undo after it.
+    container path) that failed, and each failed undo after it. An inner error that names no
+    path (``bpf(2)``) is put on ``where``, the step's own directory.
     """
     problems = []
     for name, undo in reversed(undos):
@@ -73,6 +76,8 @@ def _fail(step: str, exc: Exception, undos: list[tuple[str, Callable[[], None]]]
             problems.append(f"undo {name} failed: {undo_exc}")
     if isinstance(exc, HookError):
         file, detail, reason = exc.file, exc.field, exc.reason
+        if where and not file.startswith("/"):
+            file, detail = where, " ".join(p for p in (file, detail) if p)
     elif isinstance(exc, OSError):
         file, detail, reason = str(exc.filename or ""), "", exc.strerror or str(exc)
     else:
@@ -112,7 +117,7 @@ def apply_plan(
             undos.append(("cgroup", cgroup.rollback))
             info["program_ids"] = _program_ids(cgroup.apply(tuple(plan.rules)))
         except (HookError, OSError, ValueError) as exc:
-            raise _fail(step, exc, undos) from exc
+            raise _fail(step, exc, undos, str(target.path)) from exc
     if plan.create or plan.remove:
         try:
             undo = devnodes.apply(pid, plan.create, plan.remove, rootfs=rootfs, proc=proc, host_dev=host_dev)
