@@ -256,6 +256,8 @@ def decide(inputs: Inputs) -> Plan:
             why = (
                 f"widened beyond its plugin allocation {_allocation_names(reqs)}; left as is (policy: audit)"
             )
+        elif not reqs.items and reqs.ignored_env:
+            why = f"no device requested: {' and '.join(reqs.ignored_env)} is no request here (see warnings)"
         elif not reqs.items:
             why = "no device requested"
         else:

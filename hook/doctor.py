@@ -24,6 +24,7 @@ __all__ = [
     "check_cgroup",
     "check_driver",
     "check_hooks",
+    "check_kubelet",
     "check_settings",
     "render",
     "run_doctor",
@@ -299,6 +300,13 @@ def check_settings(settings_file: Path) -> Check:
     return Check("settings", True, f"{settings_file}: valid (privileged_allocation={policy})")
 
 
+def check_kubelet(settings_file: Path, root: Path = Path("/")) -> Check:
+    """The checkpoint the hook reads is where this node's kubelet writes it (hook.kubeletcheck)."""
+    from hook.kubeletcheck import kubelet_coverage
+
+    return Check("kubelet", *kubelet_coverage(settings_file, root))
+
+
 def render(checks: Sequence[Check], fmt: str) -> str:
     """Text checklist for people, or a JSON list of {name, ok, detail, fix} for programs."""
     if fmt == "json":
@@ -322,6 +330,7 @@ def run_doctor(
     *,
     mounts_file: Path = Path("/proc/self/mounts"),
     containerd_config: Path | None = None,
+    host_root: Path = Path("/"),
 ) -> tuple[str, int]:
     """Run every check; return the report and the exit status (1 when any check failed).
 
@@ -341,5 +350,6 @@ def run_doctor(
         check_cgroup(mounts_file),
         *engines,
         check_settings(settings_file),
+        check_kubelet(settings_file, host_root),
     ]
     return render(checks, fmt), 0 if all(c.ok for c in checks) else 1

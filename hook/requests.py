@@ -76,6 +76,7 @@ class Requests:
     # accelerator it was given (privileged mode, a shim that honoured an image env, --device)
     # is an over-grant, even when the allocation is empty.
     bounded: bool = False
+    ignored_env: tuple[str, ...] = ()  # "NAME=value" of envs that were no request, for the reason
 
     @property
     def from_plugin(self) -> bool:
@@ -254,7 +255,7 @@ def _from_env(config: OciConfig, settings: Settings, corroboration: str) -> list
 
 
 def _mig_management(
-    config: OciConfig, vouched: Mapping[str, str] | None, warnings: list[str]
+    config: OciConfig, vouched: Mapping[str, str] | None, warnings: list[str], ignored: list[str]
 ) -> list[DeviceRequest]:
     """MIG management envs; with ``vouched`` (a Kubernetes container under ``env_requests: auto``)
     only those the kubelet's GPU allocation carries with the same value count."""
@@ -265,6 +266,7 @@ def _mig_management(
             continue
         if vouched is not None and vouched.get(env, "").strip() != value:
             warnings.append(f"{env}={value} ignored: {_NOT_VOUCHED}")
+            ignored.append(f"{env}={value}")
             continue
         if value.lower() != "all":
             raise InputError(config.source, f"process.env.{env}", f"only 'all' is supported, got {value!r}")
@@ -314,6 +316,7 @@ def collect(
     """
     privileged = is_privileged(config.resource_rules) or has_sys_admin(config)
     warnings: list[str] = []
+    ignored: list[str] = []
     allocs = kubelet.allocations if kubelet is not None else ()
     gpu_allocs = [a for a in allocs if gpu_resource(a.resource, settings)]
     mode = settings.env_requests
@@ -344,9 +347,11 @@ def collect(
         refusal = _env_refusal(kubelet, settings, corroboration, value)
         if refusal:
             warnings.append(refusal)
+            ignored.append(f"{VISIBLE_ENV}={value}")
             env = []
     elif env and not privileged and not corroboration and mode is EnvRequests.NEVER:
         warnings.append(f"{VISIBLE_ENV} ignored in an unprivileged container (env_requests: never)")
+        ignored.append(f"{VISIBLE_ENV}={value}")
         env = []
     nodes = (
         []
@@ -356,7 +361,7 @@ def collect(
     vouched: dict[str, str] | None = None
     if needs_kubelet:
         vouched = {k: v for a in gpu_allocs for k, v in a.envs.items()}
-    mig = _mig_management(config, vouched, warnings)
+    mig = _mig_management(config, vouched, warnings, ignored)
     items = _dedupe([*checkpoint, *granting, *imex, *env, *nodes, *mig])
     evidence = [s for s in dict.fromkeys(r.source.split(":")[0] for r in items if r.from_plugin)]
     if corroboration and any(r.source.startswith("env:") and r.from_plugin for r in items):
@@ -371,4 +376,5 @@ def collect(
         driver_capabilities=caps,
         kubelet=kubelet,
         bounded=bounded,
+        ignored_env=tuple(ignored),
     )

@@ -227,3 +227,24 @@ def test_same_bundle_outside_kubernetes_keeps_the_env_request(
     res = run_container(b, cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     assert opens(parse_probe(res.stdout)) == set(MINORS)
+
+
+@V1V2
+def test_wildcard_allow_beyond_the_allocation_is_never_left_widened(
+    bundle_dir: Path, node: dict[str, Path], cgroup2: bool
+) -> None:
+    """``c 195:* rwm`` (a --device-cgroup-rule) for a pod allocated GPU 2: eBPF narrows it (a later
+    exact deny wins); v1 cannot carve an exact deny out of a wildcard exception, so the hook
+    refuses the container with one line instead of starting it widened."""
+    resp = alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": UUID2})
+    b = pod(bundle_dir, node, cri_env=[f"NVIDIA_VISIBLE_DEVICES={UUID2}"], ckpt=gpu2_entry(resp))
+    b.config["linux"]["resources"]["devices"].append(
+        {"allow": True, "type": "c", "major": 195, "access": "rwm"}
+    )
+    res = run_container(b.write(), cgroup2=cgroup2)
+    if cgroup2:
+        assert res.rc == 0, res.stderr
+        only(parse_probe(res.stdout), GPUS[2].minor)
+    else:
+        assert res.rc != 0 and "PROBE" not in res.stdout
+        assert "rules without effect after writing: deny c 195:" in res.stderr
