@@ -20,21 +20,11 @@ from typing import Any, Final
 
 from hook.record import record
 
-__all__ = [
-    "MAGIC",
-    "FORMAT_VERSION",
-    "CACHE_NAME",
-    "DEFAULT_CACHE_DIR",
-    "FileKey",
-    "Entry",
-    "Cache",
-    "file_key",
-    "read",
-    "write",
-]
+__all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKey", "Entry", "Cache",
+           "file_key", "read", "write"]
 
 MAGIC: Final = "oci-device-hook/cdi-cache"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2  # 2: specs decoded the reference way (YAML for every file, Go conversions)
 CACHE_NAME: Final = "cdi-cache.json"
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 
@@ -93,11 +83,8 @@ class Cache:
 
 
 def _trusted(st: os.stat_result) -> bool:
-    return (
-        stat.S_ISREG(st.st_mode)
-        and st.st_uid == os.geteuid()
-        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def read(path: Path) -> Cache | None:
@@ -114,14 +101,9 @@ def read(path: Path) -> Cache | None:
         header = json.loads(line)
     except ValueError:
         return None
-    if not (
-        line.endswith(b"\n")
-        and isinstance(header, dict)
-        and header.get("magic") == MAGIC
-        and header.get("version") == FORMAT_VERSION
-        and isinstance(header.get("files"), dict)
-        and header.get("size") == st.st_size - len(line)
-    ):
+    if not (line.endswith(b"\n") and isinstance(header, dict) and header.get("magic") == MAGIC
+            and header.get("version") == FORMAT_VERSION and isinstance(header.get("files"), dict)
+            and header.get("size") == st.st_size - len(line)):
         return None
     for item in header["files"].values():
         if not _well_formed(item):
@@ -154,12 +136,8 @@ def write(path: Path, entries: dict[str, Entry], bodies: dict[str, bytes]) -> bo
             files[source] = {"key": list(entry.key), "error": entry.error}
             continue
         body = bodies[source] + b"\n"
-        files[source] = {
-            "key": list(entry.key),
-            "kind": entry.kind,
-            "names": list(entry.names),
-            "body": [offset, len(body) - 1, zlib.crc32(bodies[source])],
-        }
+        files[source] = {"key": list(entry.key), "kind": entry.kind, "names": list(entry.names),
+                         "body": [offset, len(body) - 1, zlib.crc32(bodies[source])]}
         chunks.append(body)
         offset += len(body)
     header = {"magic": MAGIC, "version": FORMAT_VERSION, "size": offset, "files": files}

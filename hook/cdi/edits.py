@@ -33,12 +33,7 @@ __all__ = [
 ]
 
 HOOK_STAGES: tuple[str, ...] = (
-    "prestart",
-    "createRuntime",
-    "createContainer",
-    "startContainer",
-    "poststart",
-    "poststop",
+    "prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop",
 )
 
 
@@ -92,13 +87,9 @@ class IntelRdt:
 
     def to_oci(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key, value in (
-            ("closID", self.clos_id),
-            ("l3CacheSchema", self.l3_cache_schema),
-            ("memBwSchema", self.mem_bw_schema),
-            ("schemata", list(self.schemata)),
-            ("enableMonitoring", self.enable_monitoring),
-        ):
+        for key, value in (("closID", self.clos_id), ("l3CacheSchema", self.l3_cache_schema),
+                           ("memBwSchema", self.mem_bw_schema), ("schemata", list(self.schemata)),
+                           ("enableMonitoring", self.enable_monitoring)):
             if value:
                 out[key] = value
         return out
@@ -115,15 +106,8 @@ class ContainerEdits:
     additional_gids: tuple[int, ...] = ()
 
     def is_empty(self) -> bool:
-        return not (
-            self.env
-            or self.device_nodes
-            or self.net_devices
-            or self.mounts
-            or self.hooks
-            or self.intel_rdt is not None
-            or self.additional_gids
-        )
+        return not (self.env or self.device_nodes or self.net_devices or self.mounts or self.hooks
+                    or self.intel_rdt is not None or self.additional_gids)
 
     def to_json(self) -> dict[str, Any]:
         """The CDI ``containerEdits`` shape (canonical keys, empty parts left out)."""
@@ -133,9 +117,8 @@ class ContainerEdits:
         if self.device_nodes:
             out["deviceNodes"] = [_node_json(n) for n in self.device_nodes]
         if self.net_devices:
-            out["netDevices"] = [
-                {"hostInterfaceName": n.host_interface_name, "name": n.name} for n in self.net_devices
-            ]
+            out["netDevices"] = [{"hostInterfaceName": n.host_interface_name, "name": n.name}
+                                 for n in self.net_devices]
         if self.mounts:
             out["mounts"] = [_mount_oci(m, cdi=True) for m in self.mounts]
         if self.hooks:
@@ -148,17 +131,9 @@ class ContainerEdits:
 
 
 def _node_json(n: CdiDeviceNode) -> dict[str, Any]:
-    pairs = (
-        ("path", n.path),
-        ("hostPath", n.host_path or None),
-        ("type", n.type),
-        ("major", n.major),
-        ("minor", n.minor),
-        ("permissions", n.permissions or None),
-        ("fileMode", n.file_mode),
-        ("uid", n.uid),
-        ("gid", n.gid),
-    )
+    pairs = (("path", n.path), ("hostPath", n.host_path or None), ("type", n.type), ("major", n.major),
+             ("minor", n.minor), ("permissions", n.permissions or None), ("fileMode", n.file_mode),
+             ("uid", n.uid), ("gid", n.gid))
     return {k: v for k, v in pairs if v is not None}
 
 
@@ -245,38 +220,22 @@ def _apply_device_nodes(config: dict[str, Any], nodes: tuple[CdiDeviceNode, ...]
     for node in nodes:
         uid = node.uid if node.uid is not None else (user.get("uid") or None)
         gid = node.gid if node.gid is not None else (user.get("gid") or None)
-        entry = {
-            "path": node.path,
-            "type": node.type,
-            "major": node.major,
-            "minor": node.minor,
-            "fileMode": node.file_mode,
-            "uid": uid,
-            "gid": gid,
-        }
+        entry = {"path": node.path, "type": node.type, "major": node.major, "minor": node.minor,
+                 "fileMode": node.file_mode, "uid": uid, "gid": gid}
         entry = {k: v for k, v in entry.items() if v is not None}
-        devices = [
-            d for d in _list(linux, "devices") if not (isinstance(d, dict) and d.get("path") == node.path)
-        ]
+        devices = [d for d in _list(linux, "devices")
+                   if not (isinstance(d, dict) and d.get("path") == node.path)]
         devices.append(entry)
         linux["devices"] = devices
         if node.type in ("b", "c"):
-            rule = {
-                "allow": True,
-                "type": node.type,
-                "major": node.major,
-                "minor": node.minor,
-                "access": cgroup_access(node.permissions),
-            }
+            rule = {"allow": True, "type": node.type, "major": node.major, "minor": node.minor,
+                    "access": cgroup_access(node.permissions)}
             _list(_section(linux, "resources"), "devices").append(rule)
 
 
 def _mount_oci(m: Mount, *, cdi: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = (
-        {"hostPath": m.host_path, "containerPath": m.container_path}
-        if cdi
-        else {"source": m.host_path, "destination": m.container_path}
-    )
+    out: dict[str, Any] = {"hostPath": m.host_path, "containerPath": m.container_path} if cdi else {
+        "source": m.host_path, "destination": m.container_path}
     if m.options:
         out["options"] = list(m.options)
     if m.type:
@@ -302,10 +261,10 @@ def _apply_mounts(config: dict[str, Any], mounts: tuple[Mount, ...]) -> None:
         entry = _mount_oci(m)
         options = entry.get("options", [])
         if userns and not ({"idmap", "ridmap"} & set(options)):
-            if m.type == "bind" or "bind" in options:
-                entry["options"] = [*options, "idmap"]
-            elif "rbind" in options:
+            if "rbind" in options:  # recursive bind: the recursive id-mapping, never plain idmap
                 entry["options"] = [*options, "ridmap"]
+            elif m.type == "bind" or "bind" in options:
+                entry["options"] = [*options, "idmap"]
         current.append(entry)
     current.sort(key=lambda mt: go_clean(str(mt.get("destination", ""))).count("/"))
 
@@ -359,18 +318,13 @@ def to_nodes_and_rules(edits: ContainerEdits) -> tuple[tuple[Node, ...], tuple[R
             continue
         if n.type not in ("b", "c", "u") or n.major is None or n.minor is None:
             raise InputError(n.source, f"{n.field}.type", f"device node {n.path} has no type/major/minor")
+        if not go_clean(n.path).startswith("/dev/"):  # a valid spec may say "dev/x"; we create only in /dev
+            raise InputError(n.source, f"{n.field}.path",
+                             f"device node {n.path!r}: the hook creates device nodes only under /dev")
         kind = "b" if n.type == "b" else "c"
-        nodes.append(
-            Node(
-                path=n.path,
-                type=kind,
-                major=n.major,
-                minor=n.minor,
-                file_mode=0o666 if n.file_mode is None else n.file_mode & 0o7777,
-                uid=n.uid or 0,
-                gid=n.gid or 0,
-            )
-        )
+        nodes.append(Node(path=n.path, type=kind, major=n.major, minor=n.minor,
+                          file_mode=0o666 if n.file_mode is None else n.file_mode & 0o7777,
+                          uid=n.uid or 0, gid=n.gid or 0))
         access = Access.parse(cgroup_access(n.permissions))
         if access != Access.NONE and n.type in ("b", "c"):
             rules.append(Rule(allow=True, type=DeviceType(kind), major=n.major, minor=n.minor, access=access))

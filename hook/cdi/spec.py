@@ -1,35 +1,26 @@
 """One CDI spec file: strict decoding, validation at load, and the frozen result.
 
-Rule: a spec is decoded strictly (JSON or YAML; unknown and duplicate keys rejected at every
-level), checked against the schema table, then validated (version gates, kind, device names,
-edits) *once*; anything wrong rejects the whole file with the file and the field named.
-Parsers take bytes, never paths: ``source`` only labels errors. YAML is imported only for
-``.yaml`` sources, so JSON specs never pay for it.
+Rule: a spec is decoded as the reference decodes it (YAML whatever the extension, first document
+only, go-yaml v2 scalars; unknown and duplicate keys rejected at every level, keys matched
+case-insensitively like Go's JSON), checked against the schema table, then validated (version
+gates, kind, device names, edits) *once*; anything wrong rejects the whole file with the file
+and the field named. Parsers take bytes, never paths: ``source`` only labels errors. A plain
+JSON document never imports YAML.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from hook.cdi import names, schema, version
+from hook.cdi import names, schema, version, yamlv2
 from hook.cdi.edits import HOOK_STAGES, ContainerEdits
 from hook.errors import InputError
 from hook.record import record
 
-__all__ = [
-    "SpecError",
-    "Spec",
-    "Device",
-    "decode",
-    "validate_raw",
-    "parse_spec",
-    "spec_problems",
-    "document_problems",
-    "spec_from_raw",
-    "device_from_raw",
-]
+__all__ = ["SpecError", "Spec", "Device", "decode", "validate_raw", "parse_spec", "spec_problems",
+           "document_problems", "spec_from_raw",
+           "device_from_raw"]
 
 
 class SpecError(InputError):
@@ -79,51 +70,11 @@ class Spec:
 # ---- decoding --------------------------------------------------------------------------------
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def _yaml_load(data: bytes) -> Any:
-    import yaml  # lazily: only YAML specs pay for it
-
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class StrictLoader(base):  # type: ignore[misc,valid-type]
-        pass
-
-    def mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
-        loader.flatten_mapping(node)
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            if key in out:
-                raise _DuplicateKey(f"{key} (line {key_node.start_mark.line + 1})")
-            out[key] = loader.construct_object(value_node, deep=deep)
-        return out
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    try:
-        return yaml.load(data, Loader=StrictLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ValueError(str(exc).replace("\n", " ")) from exc
-
-
 def decode(data: bytes, source: str) -> Any:
-    """Bytes → JSON-like data; ``.yaml`` sources are YAML, everything else JSON."""
+    """Bytes → JSON-like data. Every spec is YAML whatever its name (JSON is YAML), as in the reference."""
     try:
-        if source.endswith(".yaml"):
-            return _yaml_load(data)
-        return json.loads(data, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as exc:
+        return yamlv2.load(data)
+    except yamlv2.DuplicateKey as exc:
         raise SpecError(source, "", f"duplicate key {exc}", "duplicate-key") from exc
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise SpecError(source, "", f"cannot parse: {exc}", "syntax") from exc
@@ -133,42 +84,34 @@ def decode(data: bytes, source: str) -> Any:
 
 
 def _env_problems(env: list[str], field: str) -> list[schema.Problem]:
-    return [
-        (f"{field}[{i}]", f"invalid environment variable {e!r}: expected NAME=VALUE", "env")
-        for i, e in enumerate(env)
-        if e.find("=") <= 0
-    ]
+    return [(f"{field}[{i}]", f"invalid environment variable {e!r}: expected NAME=VALUE", "env")
+            for i, e in enumerate(env) if e.find("=") <= 0]
 
 
 def _node_problems(node: dict[str, Any], field: str) -> list[schema.Problem]:
+    """The reference's DeviceNode.Validate: a path (any, even relative), a known type, sane numbers."""
     out: list[schema.Problem] = []
-    path, host = node.get("path", ""), node.get("hostPath", "")
-    if not path.startswith("/"):
-        out.append((f"{field}.path", f"device path {path!r} must be absolute", "device-path"))
-    if host and not host.startswith("/"):
-        out.append((f"{field}.hostPath", f"host path {host!r} must be absolute", "device-path"))
+    if node.get("path", "") == "":
+        out.append((f"{field}.path", "device path must not be empty", "device-path"))
     if node.get("type", "") not in ("", "b", "c", "u", "p"):
         out.append((f"{field}.type", f"invalid type {node['type']!r}: expected b, c, u or p", "device-type"))
+    for attr in ("major", "minor"):
+        if node.get(attr, 0) < 0:  # -1 is a cgroup wildcard: never from a spec
+            out.append((f"{field}.{attr}", f"negative device number {node[attr]}", "device-number"))
     perms = node.get("permissions", "")
     if perms != "none" and perms.strip("rwm"):
-        out.append(
-            (f"{field}.permissions", f"invalid permissions {perms!r}: only r, w, m or 'none'", "permissions")
-        )
+        out.append((f"{field}.permissions", f"invalid permissions {perms!r}: only r, w, m or 'none'",
+                    "permissions"))
     return out
 
 
 def _hook_problems(hook: dict[str, Any], field: str) -> list[schema.Problem]:
     out: list[schema.Problem] = []
     if hook.get("hookName") not in HOOK_STAGES:
-        out.append(
-            (
-                f"{field}.hookName",
-                f"unknown hook name {hook.get('hookName')!r}: expected one of " + ", ".join(HOOK_STAGES),
-                "hook-name",
-            )
-        )
-    if not hook.get("path", "").startswith("/"):
-        out.append((f"{field}.path", f"hook path {hook.get('path')!r} must be absolute", "hook-path"))
+        out.append((f"{field}.hookName", f"unknown hook name {hook.get('hookName')!r}: expected one of "
+                    + ", ".join(HOOK_STAGES), "hook-name"))
+    if hook.get("path", "") == "":
+        out.append((f"{field}.path", "hook path must not be empty", "hook-path"))
     return out + _env_problems(hook.get("env", []), f"{field}.env")
 
 
@@ -217,13 +160,8 @@ def _version_problems(raw: dict[str, Any]) -> list[schema.Problem]:
         return []
     current = version.normalize(declared)
     if current is None:
-        return [
-            (
-                "cdiVersion",
-                f"invalid version {declared!r}: expected one of " + ", ".join(version.KNOWN_VERSIONS[:-2]),
-                "version",
-            )
-        ]
+        return [("cdiVersion", f"invalid version {declared!r}: expected one of "
+                 + ", ".join(version.KNOWN_VERSIONS[:-2]), "version")]
     if version.version_key(current) < version.version_key(version.EARLIEST):
         return [("cdiVersion", f"version {declared!r} is too old: at least {version.EARLIEST}", "version")]
     needed, field = version.required_version(raw)
@@ -236,8 +174,7 @@ def _version_problems(raw: dict[str, Any]) -> list[schema.Problem]:
 def _raw_edits_empty(edits: dict[str, Any]) -> bool:
     """The reference's "empty edits": no env, nodes, hooks, mounts, gids, net devices, intelRdt."""
     return "intelRdt" not in edits and not any(
-        edits.get(k) for k in ("env", "deviceNodes", "hooks", "mounts", "additionalGids", "netDevices")
-    )
+        edits.get(k) for k in ("env", "deviceNodes", "hooks", "mounts", "additionalGids", "netDevices"))
 
 
 def _device_problems(raw: dict[str, Any]) -> list[schema.Problem]:
@@ -253,13 +190,8 @@ def _device_problems(raw: dict[str, Any]) -> list[schema.Problem]:
             if problem:
                 out.append((f"devices[{i}].name", problem, "device-name"))
             elif name in seen:
-                out.append(
-                    (
-                        f"devices[{i}].name",
-                        f"duplicate device {name!r} (also devices[{seen[name]}])",
-                        "unique-name",
-                    )
-                )
+                out.append((f"devices[{i}].name", f"duplicate device {name!r} (also devices[{seen[name]}])",
+                            "unique-name"))
             seen.setdefault(name, i)
         if "containerEdits" in dev:
             field = f"devices[{i}].containerEdits"
@@ -315,32 +247,17 @@ def spec_from_raw(raw: dict[str, Any], source: str, priority: int) -> Spec:
     kind = raw["kind"]
     spec_edits = schema.edits_from_raw(raw.get("containerEdits"), source, "containerEdits")
     devices = tuple(device_from_raw(raw, i, source, priority, spec_edits) for i in range(len(raw["devices"])))
-    return Spec(
-        source=source,
-        priority=priority,
-        version=raw["cdiVersion"],
-        kind=kind,
-        annotations=dict(raw.get("annotations", {})),
-        edits=spec_edits,
-        devices=devices,
-    )
+    return Spec(source=source, priority=priority, version=raw["cdiVersion"], kind=kind,
+                annotations=dict(raw.get("annotations", {})), edits=spec_edits, devices=devices)
 
 
-def device_from_raw(
-    raw: dict[str, Any], index: int, source: str, priority: int, spec_edits: ContainerEdits
-) -> Device:
+def device_from_raw(raw: dict[str, Any], index: int, source: str, priority: int,
+                    spec_edits: ContainerEdits) -> Device:
     """Build one Device of a checked raw spec (the registry builds only the devices asked for)."""
     d = raw["devices"][index]
     edits = schema.edits_from_raw(d["containerEdits"], source, f"devices[{index}].containerEdits")
-    return Device(
-        name=d["name"],
-        kind=raw["kind"],
-        source=source,
-        priority=priority,
-        annotations=dict(d.get("annotations", {})),
-        spec_edits=spec_edits,
-        edits=edits,
-    )
+    return Device(name=d["name"], kind=raw["kind"], source=source, priority=priority,
+                  annotations=dict(d.get("annotations", {})), spec_edits=spec_edits, edits=edits)
 
 
 def parse_spec(data: bytes, source: str, priority: int) -> Spec:

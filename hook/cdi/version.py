@@ -14,16 +14,7 @@ from typing import Any, Final
 __all__ = ["KNOWN_VERSIONS", "EARLIEST", "VERSION_GATES", "normalize", "version_key", "required_version"]
 
 KNOWN_VERSIONS: Final = (
-    "1.1.0",
-    "1.0.0",
-    "0.8.0",
-    "0.7.0",
-    "0.6.0",
-    "0.5.0",
-    "0.4.0",
-    "0.3.0",
-    "0.2.0",
-    "0.1.0",
+    "1.1.0", "1.0.0", "0.8.0", "0.7.0", "0.6.0", "0.5.0", "0.4.0", "0.3.0", "0.2.0", "0.1.0",
 )
 EARLIEST: Final = "0.3.0"
 
