@@ -124,9 +124,7 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
             return view("unreadable")
         return view("absent")
     try:
-        return view(
-            "read", ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), pod.uid, pod.container)
-        )
+        return view("read", ckpt.parse_checkpoint(data, str(path), (pod.uid, pod.container)))
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
     except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"

@@ -193,7 +193,11 @@ def test_trusted_namespace_sees_every_gpu(tmp_path: Path, node: dict[str, Path],
         pytest.param(None, "absent", id="absent"),
         pytest.param(b"{oops", "corrupt", id="not-json"),
         pytest.param(b'{"Data": []}', "corrupt", id="data-list"),
-        pytest.param(b'{"Data": {"PodDeviceEntries": [{"AllocResp": 7}]}}', "corrupt", id="resp-int"),
+        pytest.param(
+            checkpoint([{"PodUID": POD_UID, "ContainerName": CONTAINER, "AllocResp": 7}]),
+            "corrupt",
+            id="resp-int",
+        ),
         pytest.param(
             checkpoint([{"PodUID": POD_UID, "ContainerName": CONTAINER, "AllocResp": "KgmA"}]),
             "corrupt",
