@@ -79,6 +79,7 @@ class Kubelet:
     checkpoint: str
     state: str
     allocations: tuple[Allocation, ...] = ()
+    dra: bool = False  # the pod has DRA claims, which the device-plugin checkpoint does not list
 
     @property
     def known(self) -> bool:
