@@ -27,6 +27,7 @@ from typing import Any
 
 from bench import bundles, cdi_resolve
 from bench.timing import Pair, Sample, paired, timed_process
+from bench.wrapper import wrapper_rows
 
 REPO = bundles.REPO
 DOC = REPO / "docs" / "performance.md"
@@ -306,6 +307,10 @@ interpreter its shebang names.
   nodes under the fake `--driver-root`), `NVIDIA_VISIBLE_DEVICES` of one GPU; the hook narrows it
   (13 deny rules written to the v1 device cgroup, 13 nodes removed) and the container exits 0.
   (2) passes `--config` (log file and caches in the scratch dir), so it never takes the fast path.
+- (5), (6): the containers of (1) and (2) started through the spec-level runtime wrapper
+  (`packaging/runtime` beside the launcher, settings from `OCI_DEVICE_HOOK_CONFIG`, runc as the real
+  runtime; `bench/wrapper.py`): the wrapper runs `hook precreate` on config.json, then execs runc
+  with no hook registered. (6) is narrowed in the config (allow-list), not in the running container.
 - (3): the hook process alone on a no-device container (state on stdin, no `--config`: the fast
   path). (3') compares with the interpreter started with the launcher's own flags (`-S` skips
   `site`, which `-I -c pass` still runs), i.e. the hook's own cost over a bare interpreter.
@@ -394,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                   launcher=bundles.build_launcher(tmp / "libexec", interp),
                   rootfs=bundles.build_rootfs(tmp / "rootfs"), driver_root=driver_root, settings=settings)
         steps = (("(1)+(2) runc", b.runc_rows), ("(3) hook alone", b.hook_alone_rows),
-                 ("(4) CDI", b.cdi_rows), ("peak RSS", b.rss_measure), ("NVML checks", b.nvml_checks))
+                 ("(4) CDI", b.cdi_rows), ("(5)+(6) wrapper", lambda: b.rows.extend(wrapper_rows(b, RUNC))),
+                 ("peak RSS", b.rss_measure), ("NVML checks", b.nvml_checks))
         for name, step in steps:
             s = time.perf_counter()
             step()

@@ -22,7 +22,7 @@ from typing import Any
 from hook.decide import Inputs, decide
 from hook.errors import HookError
 from hook.gather import host_devices, inputs_for_config, resolved
-from hook.live import options_from
+from hook.live import _remember, options_from
 from hook.marker import ANNOTATION, load_key, sign, verify
 from hook.oci import OciConfig, parse_config, parse_config_object
 from hook.plan import Plan, Verdict
@@ -35,6 +35,8 @@ __all__ = ["SOURCE", "run_precreate", "decided_config"]
 SOURCE = "config.json (stdin)"
 RUNTIME_SEEN_ENV = "OCI_DEVICE_HOOK_RUNTIME"  # what the wrapper read as `runtime` (it cannot parse YAML)
 CONTAINER_ID_ENV = "OCI_DEVICE_HOOK_CONTAINER_ID"  # the wrapper knows the id; hooks.d precreate does not
+RUNTIME_LOG_ENV = "OCI_DEVICE_HOOK_RUNTIME_LOG"  # the runtime's --log, from the wrapper
+RUNTIME_LOG_FORMAT_ENV = "OCI_DEVICE_HOOK_RUNTIME_LOG_FORMAT"
 
 
 def decided_config(
@@ -67,6 +69,29 @@ def _log(record: dict[str, Any], settings: Settings | None, config: OciConfig | 
         sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
 
 
+def _runtime_log(message: str) -> None:
+    """A refused create's line where the engine looks for the runtime's error (containerd reads the
+    last ``"level":"error"`` entry of runc's ``--log`` file); runc never ran to write one. Best effort."""
+    import time
+
+    path = os.environ.get(RUNTIME_LOG_ENV)
+    if not path:
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if os.environ.get(RUNTIME_LOG_FORMAT_ENV) == "json":
+        line = json.dumps({"level": "error", "msg": message, "time": stamp})
+    else:
+        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _container_id(config: OciConfig) -> str:
     hostname = config.raw.get("hostname")
     return os.environ.get(CONTAINER_ID_ENV) or (hostname if isinstance(hostname, str) else "")
@@ -80,6 +105,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
     try:
         options = options_from(opts, use_cache=True)
         settings = load_settings(options.settings_file or DEFAULT_PATH, required=bool(options.settings_file))
+        _remember(opts, settings)  # later plain containers take entry's fast path under these settings
         config = parse_config(stdin, SOURCE, "")
         container = _container_id(config)
         if ANNOTATION in config.annotations and verify(
@@ -101,6 +127,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
         if plan.verdict is Verdict.DENY:
             _log(report, settings, config)
             sys.stderr.write(f"oci-device-hook: deny: {plan.reason}\n")
+            _runtime_log(f"oci-device-hook: deny: {plan.reason}")
             return 3, b""
         if not plan.changes:
             _log(report, settings, config)
@@ -123,6 +150,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
             sys.stderr.write(f"oci-device-hook: warning: {exc} (container needs no decision: unchanged)\n")
             return 0, stdin
         sys.stderr.write(f"oci-device-hook: {exc}\n")
+        _runtime_log(f"oci-device-hook: {exc}")
         _log(
             {"verdict": "error", "stage": "precreate", "container": {"id": container}, "error": str(exc)},
             settings,

@@ -96,6 +96,8 @@ def test_create_rewrites_the_config_keeps_the_original_and_passes_every_argument
     ]  # fmt: skip
     assert not [p for p in kit["bundle"].iterdir() if p.name.startswith(".config.json")]
     assert (kit["bundle"] / "config.json").stat().st_mode & 0o077 == 0
+    record = json.loads((kit["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert record["container"]["id"] == "ctr-1" and record["stage"] == "precreate"
 
 
 @pytest.mark.parametrize(
