@@ -196,7 +196,10 @@ def _mknod(dev: _Dev, node: Change) -> None:
         kind = stat.S_IFCHR if node.type == "c" else stat.S_IFBLK
         os.mknod(parts[-1], kind | (node.mode & 0o7777), os.makedev(node.major, node.minor), dir_fd=dirfd)
         dev.journal.append(node)
-        os.chown(parts[-1], node.uid, node.gid, dir_fd=dirfd, follow_symlinks=False)
+        try:
+            os.chown(parts[-1], node.uid, node.gid, dir_fd=dirfd, follow_symlinks=False)
+        except OSError as exc:
+            raise ApplyError(node.path, "chown", exc.strerror or str(exc)) from exc
         if not _same_device(_lstat(dirfd, parts[-1]), node.type, node.major, node.minor):
             raise ApplyError(node.path, "mknod", "node differs from the plan after mknod")
     finally:
