@@ -324,10 +324,11 @@ def test_mig_monitor_env_needs_the_kubelets_word_too(
     rep = run(tmp_path, node, cfg, capsys)
     assert (rep["verdict"], rep["requests"]) == ("none", [])
     assert rep["warnings"][0].startswith("NVIDIA_MIG_MONITOR_DEVICES=all ignored")
-    trusted = run(
+    trusted = run(  # with a GPU request: NVIDIA ignores MIG envs in a container that asks for no GPU
         tmp_path,
         node,
-        pod_config(image_env=cfg["process"]["env"], caps=caps, namespace="kube-system"),
+        pod_config(image_env=[*cfg["process"]["env"], "NVIDIA_VISIBLE_DEVICES=all"], caps=caps,
+                   namespace="kube-system"),
         capsys,
     )
     assert ("c", CAPS_MAJOR, 2) in allowed(trusted)
