@@ -104,21 +104,39 @@ def has_sys_admin(config: OciConfig) -> bool:
 
 
 _MATCHERS: dict[tuple[str, ...], re.Pattern[str]] = {}
+_LAST: list[tuple[Mapping[str, tuple[str, ...]], dict[str, tuple[str, ...]], re.Pattern[str]]] = []
 
 
 def _matcher(patterns: Mapping[str, tuple[str, ...]]) -> re.Pattern[str]:
-    """All vendors' globs as one compiled regex (one compile per process, not one per glob)."""
+    """All vendors' globs as one compiled regex (one compile per process, not one per glob).
+
+    Called once per node, so the mapping last asked about is remembered with a copy of its
+    contents: the same, unchanged mapping is answered by one dict comparison.
+    """
+    if _LAST and _LAST[0][0] is patterns and _LAST[0][1] == patterns:
+        return _LAST[0][2]
     key = tuple(p for pats in patterns.values() for p in pats)
     if key not in _MATCHERS:
         _MATCHERS[key] = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in key) or "(?!)")
+    _LAST[:] = [(patterns, dict(patterns), _MATCHERS[key])]
     return _MATCHERS[key]
 
 
+_SEEN: dict[tuple[re.Pattern[str], str], bool] = {}
+
+
 def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether ``path`` is a /dev node one of the globs names; remembered per (globs, path),
+    since one start asks it several times for every node of the container and the host."""
+    matcher = _matcher(patterns)
+    known = _SEEN.get((matcher, path))
+    if known is not None:
+        return known
     clean = posixpath.normpath(path)
-    if not clean.startswith("/dev/"):
-        return False
-    return _matcher(patterns).match(clean[len("/dev/") :]) is not None
+    found = clean.startswith("/dev/") and matcher.match(clean[len("/dev/") :]) is not None
+    if len(_SEEN) < 65536:
+        _SEEN[(matcher, path)] = found
+    return found
 
 
 def split_ids(value: str) -> tuple[str, ...]:

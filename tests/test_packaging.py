@@ -104,6 +104,8 @@ def _write_fake_hook(lib: Path, marker: str) -> None:
         f"    print(json.dumps({{'marker': {marker!r}, 'isolated': sys.flags.isolated,"
         " 'argv': sys.argv[1:], 'path0': sys.path[0]}))\n"
         "    return 7\n"
+        "def run():\n"
+        "    sys.exit(main())\n"
     )
 
 
