@@ -13,7 +13,6 @@ import json
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
 
 from hook.errors import InputError
 from hook.nvidia import nvml, procfs
@@ -21,7 +20,10 @@ from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevi
 from hook.nvidia.snapshot import SNAPSHOT_VERSION
 from hook.record import record, replace
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from typing import Any, Final
+
     from hook.nvidia.migminors import MigMinors
 
 __all__ = [

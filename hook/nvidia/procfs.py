@@ -12,7 +12,6 @@ import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
 
 from hook.errors import InputError
 from hook.nvidia.ids import normalize_bus_id
@@ -27,6 +26,10 @@ from hook.nvidia.migminors import (
 )
 from hook.nvidia.model import NVIDIA_MAJOR, CapNode, CapTable, Majors
 from hook.record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = [
     "BOOT_ID_PATH",
