@@ -40,13 +40,14 @@ HOOK_MODULES = {
     "hook.log", "hook.logrecord", "hook.hostdev", "hook.marker", "hook.version", "hook.nvidia",
     "hook.nvidia.model", "hook.nvidia.ids", "hook.nvidia.migminors", "hook.nvidia.nodes",
     "hook.nvidia.procfs", "hook.nvidia.snapshot", "hook.nvidia.inventory", "hook.nvidia.dri",
-    "hook.nvidia.nvml", "hook.apply", "hook.apply.transaction", "hook.apply.devnodes",
+    "hook.apply", "hook.apply.transaction", "hook.apply.devnodes",
     "hook.apply.locate", "hook.apply.cgroup_v1",
 }  # fmt: skip
 # Never on this path: heavy, or only for other paths (the first container's cache writes excepted).
 FORBIDDEN = {
     "yaml", "click", "pynvml", "dataclasses", "inspect", "ast", "dis", "tempfile", "shutil", "random",
     "hook.cdi", "hook.cli", "hook.apply.cgroup_v2", "hook.apply.bpf", "hook.apply.bpf_sys",
+    "typing", "contextlib", "importlib", "hook.nvidia.nvml",
 }  # fmt: skip
 
 def _slice_pod_runs(tmp: Path, count: int) -> list[dict[str, object]]:
