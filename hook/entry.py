@@ -42,7 +42,12 @@ DEFAULT_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 FASTPATH_CACHE = "/run/oci-device-hook/fastpath.json"
 MAX_STATE = 1 << 20
 MAX_CONFIG = 16 << 20
-NVIDIA_ENVS = ("NVIDIA_VISIBLE_DEVICES=", "NVIDIA_MIG_CONFIG_DEVICES=", "NVIDIA_MIG_MONITOR_DEVICES=")
+NVIDIA_ENVS = (
+    "NVIDIA_VISIBLE_DEVICES=",
+    "NVIDIA_MIG_CONFIG_DEVICES=",
+    "NVIDIA_MIG_MONITOR_DEVICES=",
+    "NVIDIA_IMEX_CHANNELS=",
+)
 # Nodes every engine may add to any container; anything else in linux.devices takes the slow path.
 PLAIN_NODES = frozenset(
     {
@@ -212,12 +217,16 @@ def needs_decision(
         dest = str(m.get("destination", "")) if isinstance(m, dict) else ""
         if "nvidia-container-devices" in dest or (mount_root and dest.startswith(mount_root)):
             return True
+    names = set()
     for entry in (config.get("process") or {}).get("env") or ():
         if isinstance(entry, str) and entry.startswith(NVIDIA_ENVS):
             value = entry.partition("=")[2].strip()
             if value and value != "void":
                 return True
-    return False
+        if isinstance(entry, str):
+            names.add(entry.partition("=")[0])
+    # a legacy CUDA image asks for every GPU (NVIDIA's cuda_image.go): CUDA_VERSION, no REQUIRE_CUDA
+    return "CUDA_VERSION" in names and not names & {"NVIDIA_REQUIRE_CUDA", "NVIDIA_VISIBLE_DEVICES"}
 
 
 def _is_int(v: object) -> bool:

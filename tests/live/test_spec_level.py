@@ -193,6 +193,32 @@ def test_podman_precreate_narrows_the_slice_pod(world: dict[str, Path]) -> None:
 
 
 @needs_podman
+def test_podman_prestart_registered_too_trusts_the_marker(world: dict[str, Path]) -> None:
+    """Both stages registered: precreate decides, podman re-encodes the config, runc's prestart hook
+    verifies the marker on what it got and does nothing more."""
+    hooks = _hooks_dir(world)
+    prestart = json.loads((REPO / "nvidia-hook.json").read_text())
+    prestart["hook"]["path"] = sys.executable
+    prestart["hook"]["args"] = [
+        sys.executable,
+        "-I",
+        "-m",
+        "hook",
+        "prestart",
+        "--config",
+        str(world["settings"]),
+    ]
+    (hooks / "oci-device-hook.json").write_text(json.dumps(prestart))
+    try:
+        seen = _podman(world, hooks, ["--privileged", *(f"--env={e}" for e in SLICE_ENV)], SLICE_PROBES)
+    finally:
+        (hooks / "oci-device-hook.json").unlink()
+    assert seen == SLICE_EXPECTED
+    last = json.loads((world["base"] / "hook.log").read_text().splitlines()[-1])
+    assert last["verdict"] == "none" and "decided at precreate" in last["reason"], last
+
+
+@needs_podman
 def test_podman_precreate_narrows_the_mig_pod(world: dict[str, Path]) -> None:
     args = ["--privileged", f"--annotation=cdi.k8s.io/nvidia-device-plugin_x=nvidia.com/gpu={MIG_UUID}"]
     assert _podman(world, _hooks_dir(world), args, MIG_PROBES) == MIG_EXPECTED
@@ -297,6 +323,40 @@ def test_containerd_wrapper_narrows_the_mig_pod(
 ):
     b = _privileged_bundle(tmp_path / "b", [], MIG_PROBES, MIG_ANNOTATION)
     assert _ctr_run(world, containerd, b) == MIG_EXPECTED
+
+
+def test_wrapper_runs_crun_on_cgroup_v2(world: dict[str, Path], tmp_path: Path) -> None:
+    """``runtime: crun``: the wrapper decides, then crun applies the allow-list as its own eBPF program
+    (cgroup2 mounted in a private mount namespace, as in the prestart crun scenario)."""
+    crun = shutil.which("crun")
+    if crun is None:
+        pytest.skip("crun not installed")
+    settings = tmp_path / "crun.yaml"
+    settings.write_text(
+        world["settings"].read_text() + f"runtime: {crun}\n"
+    )  # the last line wins, in YAML and sh
+    b = _privileged_bundle(tmp_path / "b", SLICE_ENV, SLICE_PROBES)
+    b.config["root"] = {"path": str(world["rootfs"])}
+    b.write()
+    state = tmp_path / "crun-state"
+    run = f"{world['libexec'] / 'runtime'} --root {state} run --bundle {b.path} {b.id}"
+    env = {**os.environ, "OCI_DEVICE_HOOK_CONFIG": str(settings)}
+    try:
+        inner = f"mount -t cgroup2 none /sys/fs/cgroup && {run}"
+        proc = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+    finally:
+        subprocess.run([crun, "--root", str(state), "delete", "-f", b.id], capture_output=True, timeout=30)
+    assert (b.path / "config.json.orig").exists()  # the wrapper decided before crun started
+    assert ANNOTATION in json.loads((b.path / "config.json").read_text())["annotations"]
+    if "setrlimit (RLIM_MEMLOCK)" in proc.stderr:
+        # crun raises RLIMIT_MEMLOCK before loading its eBPF program, which needs CAP_SYS_RESOURCE;
+        # this machine's bounding set lacks it (as in test_hook_scenarios' crun case)
+        pytest.skip("crun cannot raise RLIMIT_MEMLOCK here (no CAP_SYS_RESOURCE); the decision was made")
+    assert proc.returncode == 0, proc.stderr
+    assert parse_probe(proc.stdout) == SLICE_EXPECTED
 
 
 def test_containerd_plain_container_is_untouched(
