@@ -125,14 +125,30 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
             return view("unreadable")
         return view("absent")
     try:
-        return view(
-            "read", ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), pod.uid, pod.container)
+        allocs = ckpt.parse_checkpoint(data, str(path), (pod.uid, pod.container))
+        return ckpt.Kubelet(
+            pod=pod,
+            checkpoint=str(path),
+            state="read",
+            allocations=allocs,
+            dra=_has_dra_claims(path, pod.uid),
         )
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
     except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
         warnings.append(f"{path}: cannot decode ({type(exc).__name__}); using the other evidence")
     return view("corrupt")
+
+
+def _has_dra_claims(checkpoint: Path, pod_uid: str) -> bool:
+    """Whether the kubelet's DRA state (``dra_manager_state`` beside ``device-plugins/``) names the
+    pod: DRA claims are not in the device-plugin checkpoint, so that checkpoint is then not the
+    kubelet's whole word on this pod. Read as bytes, whatever its version's layout."""
+    try:
+        data = read_limited(checkpoint.parent.parent / "dra_manager_state", MAX_CHECKPOINT_BYTES, "DRA state")
+    except InputError:
+        return False
+    return bool(pod_uid) and pod_uid.encode() in data
 
 
 class _Resolver:

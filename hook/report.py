@@ -55,6 +55,7 @@ def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
         "trusted_namespace": bool(k.pod.namespace) and k.pod.namespace in settings.env_trusted_namespaces,
         "env_requests": str(settings.env_requests),
         "bounded": inputs.requests.bounded,
+        "dra_claims": k.dra,
     }
 
 

@@ -328,7 +328,7 @@ _NOT_VOUCHED = (
 )
 
 
-def _env_refusal(kubelet: Kubelet, settings: Settings, corroboration: str, value: str) -> str:
+def _env_refusal(kubelet: Kubelet, corroboration: str, value: str) -> str:
     """Why a Kubernetes container's visible-devices env is no request ('' when it counts)."""
     pod = kubelet.pod
     where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
@@ -367,7 +367,8 @@ def collect(
         and kubelet.pod.namespace in settings.env_trusted_namespaces
     )
     needs_kubelet = kubelet is not None and mode is EnvRequests.AUTO and not trusted
-    bounded = needs_kubelet and kubelet is not None and kubelet.known
+    # DRA claims inject CDI devices the device-plugin checkpoint does not list: no bound then
+    bounded = needs_kubelet and kubelet is not None and kubelet.known and not kubelet.dra
     checkpoint = _from_checkpoint(allocs, config, settings)
     granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
     mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
@@ -386,7 +387,7 @@ def collect(
             warnings.append(f"{VISIBLE_ENV}={shown} ignored: the allocation came from {origin}")
         env = []
     elif env and needs_kubelet and kubelet is not None and not gpu_allocs:
-        refusal = _env_refusal(kubelet, settings, corroboration, shown)
+        refusal = _env_refusal(kubelet, corroboration, shown)
         if refusal:
             warnings.append(refusal)
             ignored.append(f"{VISIBLE_ENV}={shown}")

@@ -29,6 +29,7 @@ from tests.k8s_shapes import (
     IMAGE_ENV,
     MOUNT_ROOT,
     POD_UID,
+    allow,
     annotations,
     control_devs,
     env,
@@ -193,7 +194,11 @@ def test_trusted_namespace_sees_every_gpu(tmp_path: Path, node: dict[str, Path],
         pytest.param(None, "absent", id="absent"),
         pytest.param(b"{oops", "corrupt", id="not-json"),
         pytest.param(b'{"Data": []}', "corrupt", id="data-list"),
-        pytest.param(b'{"Data": {"PodDeviceEntries": [{"AllocResp": 7}]}}', "corrupt", id="resp-int"),
+        pytest.param(
+            checkpoint([{"PodUID": POD_UID, "ContainerName": CONTAINER, "AllocResp": 7}]),
+            "corrupt",
+            id="resp-int",
+        ),
         pytest.param(
             checkpoint([{"PodUID": POD_UID, "ContainerName": CONTAINER, "AllocResp": "KgmA"}]),
             "corrupt",
@@ -419,3 +424,24 @@ def test_reject_policy_refuses_the_over_granted_pod(
     capsys.readouterr()
     assert cli([*args, "--cdi-spec-dir", str(node["cdi"])]) == 3
     assert json.loads(capsys.readouterr().out)["verdict"] == "deny"
+
+
+def test_a_pod_with_dra_claims_is_not_bounded_by_the_device_plugin_checkpoint(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """DRA injects CDI devices (nodes with their own allow rule) that kubelet_internal_checkpoint
+    never lists; its own state file (beside device-plugins/) names the pod, so nothing is denied."""
+    ckpt_dir = tmp_path / "kubelet" / "device-plugins"
+    ckpt_dir.mkdir(parents=True)
+    (ckpt_dir / "kubelet_internal_checkpoint").write_bytes(checkpoint([]))
+    devices = [gpu_dev(2), *control_devs()]
+    cfg = pod_config(devices=devices, rules=[*DEFAULT_RULES, *(allow(d) for d in devices)])
+    settings = {"kubelet_checkpoint": str(ckpt_dir / "kubelet_internal_checkpoint")}
+    bounded = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
+    assert denied(bounded) == ALL_GPU_KEYS | MIG_CAPS  # without DRA state: an over-grant
+    (tmp_path / "kubelet" / "dra_manager_state").write_text(
+        json.dumps({"Data": json.dumps({"ClaimInfoStateList": [{"PodUIDs": {POD_UID: {}}}]}), "Checksum": 1})
+    )
+    rep = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
+    assert (rep["verdict"], denied(rep)) == ("none", set())
+    assert rep["kubernetes"]["dra_claims"] is True and rep["kubernetes"]["bounded"] is False
