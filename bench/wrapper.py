@@ -48,7 +48,7 @@ def _sample(
 
 
 def wrapper_rows(b: Any, runc: str) -> list[Any]:
-    """Rows (5) and (6); ``b`` is ``bench.main.Bench`` (its launcher, rootfs, driver root, settings)."""
+    """Rows (7a) and (7b); ``b`` is ``bench.main.Bench`` (its launcher, rootfs, driver root, settings)."""
     from bench.main import Row
 
     wrapper = b.launcher.parent / "runtime"
@@ -59,9 +59,9 @@ def wrapper_rows(b: Any, runc: str) -> list[Any]:
     env = {"PATH": path, "OCI_DEVICE_HOOK_CONFIG": str(settings)}
     rows = []
     for label, make, target in (
-        ("(5) `runc run` through the runtime wrapper, no-device busybox container",
+        ("(7a) `runc run` through the runtime wrapper, no-device busybox container",
          bundles.nodev_config, None),
-        ("(6) `runc run` through the runtime wrapper, seed 000 slice pod (narrowed in config.json)",
+        ("(7b) `runc run` through the runtime wrapper, seed 000 slice pod (narrowed in config.json)",
          bundles.slice_config, None),
     ):  # fmt: skip
         key = "nodev" if make is bundles.nodev_config else "slice"

@@ -79,6 +79,7 @@ class Kubelet:
     checkpoint: str
     state: str
     allocations: tuple[Allocation, ...] = ()
+    dra: bool = False  # the pod has DRA claims, which the device-plugin checkpoint does not list
 
     @property
     def known(self) -> bool:
@@ -182,7 +183,9 @@ def _entry(e: object, source: str, i: int) -> Allocation:
     )
 
 
-def parse_checkpoint(data: bytes, source: str) -> tuple[Allocation, ...]:
+def parse_checkpoint(data: bytes, source: str, only: tuple[str, str] | None = None) -> tuple[Allocation, ...]:
+    """Every entry, or with ``only=(pod_uid, container)`` just that container's: the hook decodes
+    (and so can be failed by) its own container's AllocResp only, not every pod's on the node."""
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -195,7 +198,14 @@ def parse_checkpoint(data: bytes, source: str) -> tuple[Allocation, ...]:
         entries = []
     if not isinstance(entries, list):
         raise InputError(source, "Data.PodDeviceEntries", "expected a list")
-    return tuple(_entry(e, source, i) for i, e in enumerate(entries))
+    return tuple(_entry(e, source, i) for i, e in enumerate(entries) if only is None or _is(e, only))
+
+
+def _is(e: object, ident: tuple[str, str]) -> bool:
+    """Whether a raw entry is this container's; a malformed entry is decoded (and reported)."""
+    if not isinstance(e, dict):
+        return True
+    return (str(e.get("PodUID", "")), str(e.get("ContainerName", ""))) == ident
 
 
 def pod_identity(annotations: Mapping[str, str]) -> tuple[str, str] | None:

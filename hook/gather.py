@@ -11,7 +11,6 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from hook import checkpoint as ckpt
 from hook.decide import Grant, Inputs
@@ -24,7 +23,10 @@ from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator
 from hook.rules import Access
 from hook.settings import DEFAULT_PATH, Settings, load_settings
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from typing import Any
+
     from hook.allowlist import HostDevices
     from hook.cdi.registry import Registry
     from hook.nvidia.model import Inventory
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+JIT_PREFIX = "runtime.nvidia.com/gpu="  # NVIDIA's jit-cdi names: resolved from the inventory
 
 
 @record
@@ -124,14 +127,30 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
             return view("unreadable")
         return view("absent")
     try:
-        return view(
-            "read", ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), pod.uid, pod.container)
+        allocs = ckpt.parse_checkpoint(data, str(path), (pod.uid, pod.container))
+        return ckpt.Kubelet(
+            pod=pod,
+            checkpoint=str(path),
+            state="read",
+            allocations=allocs,
+            dra=_has_dra_claims(path, pod.uid),
         )
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
     except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
         warnings.append(f"{path}: cannot decode ({type(exc).__name__}); using the other evidence")
     return view("corrupt")
+
+
+def _has_dra_claims(checkpoint: Path, pod_uid: str) -> bool:
+    """Whether the kubelet's DRA state (``dra_manager_state`` beside ``device-plugins/``) names the
+    pod: DRA claims are not in the device-plugin checkpoint, so that checkpoint is then not the
+    kubelet's whole word on this pod. Read as bytes, whatever its version's layout."""
+    try:
+        data = read_limited(checkpoint.parent.parent / "dra_manager_state", MAX_CHECKPOINT_BYTES, "DRA state")
+    except InputError:
+        return False
+    return bool(pod_uid) and pod_uid.encode() in data
 
 
 class _Resolver:
@@ -183,10 +202,16 @@ class _Resolver:
         return tuple(Grant(node=n, access=self.access_for(n, default)) for n in nodes)
 
     def control(self) -> tuple[Grant, ...]:
-        from hook.nvidia.nodes import control_nodes, parse_driver_capabilities
+        from hook.nvidia.nodes import control_nodes
 
-        caps = parse_driver_capabilities(self.requests.driver_capabilities or None)
-        return self.grants(control_nodes(self.inventory(), caps))
+        return self.grants(control_nodes(self.inventory(), self.capabilities()))
+
+    def capabilities(self) -> frozenset[str]:
+        from hook.nvidia.nodes import SUPPORTED_CAPABILITIES, parse_driver_capabilities
+
+        if self.requests.legacy_image:
+            return SUPPORTED_CAPABILITIES
+        return parse_driver_capabilities(self.requests.driver_capabilities or None)
 
     def cdi(self, names: list[str]) -> tuple[Grant, ...]:
         from hook.cdi.edits import to_nodes_and_rules
@@ -205,14 +230,35 @@ class _Resolver:
         self.specific_mig |= _is_mig_id(req.value)  # also when the CDI spec, not the inventory, resolves it
         if self.has_specs() and name in self.registry().devices:
             return self.cdi([name])
+        return self.from_inventory(req.value, req.source)
+
+    def from_inventory(self, value: str, source: str) -> tuple[Grant, ...]:
+        """An NVIDIA device ID resolved against the host inventory, with its control and DRM nodes."""
+        from hook.nvidia.dri import GRAPHICS_CAPABILITIES, dri_nodes
         from hook.nvidia.ids import resolve
-        from hook.nvidia.model import MigDevice
+        from hook.nvidia.model import Gpu, MigDevice
         from hook.nvidia.nodes import device_nodes
 
-        devices = resolve(self.inventory(), [req.value], source=req.source)
-        if req.value.lower() != "all" and any(isinstance(d, MigDevice) for d in devices):
+        self.specific_mig |= _is_mig_id(value)
+        if value.lower() == "none":
+            return self.control()
+        devices = resolve(self.inventory(), [value], source=source)
+        if value.lower() != "all" and any(isinstance(d, MigDevice) for d in devices):
             self.specific_mig = True
-        return self.grants(device_nodes(self.inventory(), devices)) + self.control()
+        grants = self.grants(device_nodes(self.inventory(), devices)) + self.control()
+        if self.capabilities() & GRAPHICS_CAPABILITIES:
+            buses = [d.pci_bus_id for d in devices if isinstance(d, Gpu)]
+            grants += self.grants(dri_nodes(self.driver_root, buses))
+        return grants
+
+    def cdi_or_jit(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        if self.is_jit(req.value):
+            return self.from_inventory(req.value[len(JIT_PREFIX) :], req.source)
+        return self.cdi([req.value])
+
+    def is_jit(self, name: str) -> bool:
+        """A ``runtime.nvidia.com/gpu=`` name with no spec on disk (NVIDIA makes them on the fly)."""
+        return name.startswith(JIT_PREFIX) and not (self.has_specs() and name in self.registry().devices)
 
     def mgmt(self, req: DeviceRequest) -> tuple[Grant, ...]:
         from hook.nvidia.nodes import mig_mgmt_nodes
@@ -244,13 +290,13 @@ class _Resolver:
 
     def resolve_all(self) -> dict[DeviceRequest, tuple[Grant, ...]]:
         items = self.requests.items
-        cdi_names = [r.value for r in items if r.kind is Kind.CDI]
+        cdi_names = [r.value for r in items if r.kind is Kind.CDI and not self.is_jit(r.value)]
         if cdi_names:
             self.registry().resolve_devices(cdi_names)  # one error naming every unresolvable device
         kind = self.settings.default_cdi_kind + "="
         self.specific_mig |= any(n.startswith(kind) and _is_mig_id(n[len(kind) :]) for n in cdi_names)
         handlers: dict[Kind, Callable[[DeviceRequest], tuple[Grant, ...]]] = {
-            Kind.CDI: lambda r: self.cdi([r.value]),
+            Kind.CDI: self.cdi_or_jit,
             Kind.NVIDIA: self.nvidia,
             Kind.NO_GPU: lambda r: self.control(),
             Kind.MIG_CONFIG: self.mgmt,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from hook.decide import decide
 from hook.errors import HookError, InputError
@@ -20,6 +19,10 @@ from hook.plan import Verdict
 from hook.record import replace
 from hook.report import build_report
 from hook.settings import DEFAULT_PATH, Settings, load_settings
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["options_from", "run_live"]
 
@@ -95,6 +98,16 @@ def _decided_before(config: OciConfig, settings: Settings) -> bool:
     return verify(load_key(Path(settings.cache_dir), create=False), config)
 
 
+def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
+    """One warning per reason the node helper left changes to the cgroup alone (not the container's /dev)."""
+    by_why: dict[str, list[str]] = {}
+    for path, why in skipped:
+        by_why.setdefault(why, []).append(path)
+    return [
+        f"{', '.join(paths)}: left as it is, the cgroup alone narrows: {why}" for why, paths in by_why.items()
+    ]
+
+
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
@@ -133,7 +146,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
             )
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
-            report["warnings"] += [f"{path}: left as it is: {why}" for path, why in applied.skipped]
+            report["warnings"] += _skipped_warnings(applied.skipped)
         _log(report, settings, annotations, opts)
         return 0
     except HookError as exc:

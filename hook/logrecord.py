@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from hook.version import VERSION
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["engine_of", "pod_of", "rfc3339", "stamp"]
 
@@ -31,10 +34,10 @@ _POD_KEYS = (
 
 # an annotation key (or key prefix, ending in "."/"/") that only one engine sets
 _ENGINE_MARKS = (
+    ("io.container.manager", "podman"),  # "libpod"; podman also sets CRI-O's annotations
+    ("io.podman.", "podman"),
     ("io.kubernetes.cri-o.", "cri-o"),
     ("io.kubernetes.cri.", "containerd"),
-    ("io.container.manager", "podman"),  # "libpod"
-    ("io.podman.", "podman"),
     ("com.docker.", "docker"),
     ("oci-device-hook/decided", "runtime-wrapper"),
 )

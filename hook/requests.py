@@ -30,10 +30,13 @@ __all__ = [
     "has_sys_admin",
     "is_accelerator",
     "split_ids",
+    "is_legacy_image",
     "gpu_resource",
 ]
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
+CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_ENVS = {"NVIDIA_MIG_CONFIG_DEVICES": "mig-config", "NVIDIA_MIG_MONITOR_DEVICES": "mig-monitor"}
 CHECKPOINT = "kubelet-checkpoint"
 
@@ -77,6 +80,7 @@ class Requests:
     # is an over-grant, even when the allocation is empty.
     bounded: bool = False
     ignored_env: tuple[str, ...] = ()  # "NAME=value" of envs that were no request, for the reason
+    legacy_image: bool = False  # a legacy CUDA image with NVIDIA_DRIVER_CAPABILITIES unset: every capability
 
     @property
     def from_plugin(self) -> bool:
@@ -100,21 +104,39 @@ def has_sys_admin(config: OciConfig) -> bool:
 
 
 _MATCHERS: dict[tuple[str, ...], re.Pattern[str]] = {}
+_LAST: list[tuple[Mapping[str, tuple[str, ...]], dict[str, tuple[str, ...]], re.Pattern[str]]] = []
 
 
 def _matcher(patterns: Mapping[str, tuple[str, ...]]) -> re.Pattern[str]:
-    """All vendors' globs as one compiled regex (one compile per process, not one per glob)."""
+    """All vendors' globs as one compiled regex (one compile per process, not one per glob).
+
+    Called once per node, so the mapping last asked about is remembered with a copy of its
+    contents: the same, unchanged mapping is answered by one dict comparison.
+    """
+    if _LAST and _LAST[0][0] is patterns and _LAST[0][1] == patterns:
+        return _LAST[0][2]
     key = tuple(p for pats in patterns.values() for p in pats)
     if key not in _MATCHERS:
         _MATCHERS[key] = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in key) or "(?!)")
+    _LAST[:] = [(patterns, dict(patterns), _MATCHERS[key])]
     return _MATCHERS[key]
 
 
+_SEEN: dict[tuple[re.Pattern[str], str], bool] = {}
+
+
 def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether ``path`` is a /dev node one of the globs names; remembered per (globs, path),
+    since one start asks it several times for every node of the container and the host."""
+    matcher = _matcher(patterns)
+    known = _SEEN.get((matcher, path))
+    if known is not None:
+        return known
     clean = posixpath.normpath(path)
-    if not clean.startswith("/dev/"):
-        return False
-    return _matcher(patterns).match(clean[len("/dev/") :]) is not None
+    found = clean.startswith("/dev/") and matcher.match(clean[len("/dev/") :]) is not None
+    if len(_SEEN) < 65536:
+        _SEEN[(matcher, path)] = found
+    return found
 
 
 def split_ids(value: str) -> tuple[str, ...]:
@@ -186,12 +208,13 @@ def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -
     for key in sorted(annotations):
         if not any(key.startswith(p) for p in prefixes):
             continue
-        for name in annotations[key].split(","):
-            name = name.strip()
-            if not name or "=" not in name or "/" not in name.split("=", 1)[0]:
-                raise InputError(
-                    "annotations", key, f"{name!r} is not a qualified CDI name vendor/class=name"
-                )
+        from hook.cdi.names import parse_qualified_name  # pure, and only for CDI annotations
+
+        for name in annotations[key].split(","):  # never trimmed: the reference refuses " v/c=d"
+            try:
+                parse_qualified_name(name)
+            except InputError as exc:
+                raise InputError("annotations", key, f"{name!r}: {exc.reason}") from None
             out.append(DeviceRequest(source=f"annotation:{key}", value=name, kind=Kind.CDI, from_plugin=True))
     return out
 
@@ -241,17 +264,35 @@ def _corroborated(config: OciConfig, settings: Settings, gpu_allocated: bool) ->
     return ""
 
 
+def is_legacy_image(env: Mapping[str, str]) -> bool:
+    """NVIDIA's legacy CUDA image: ``CUDA_VERSION`` set and no ``NVIDIA_REQUIRE_CUDA`` (cuda_image.go)."""
+    return "CUDA_VERSION" in env and "NVIDIA_REQUIRE_CUDA" not in env
+
+
 def _from_env(config: OciConfig, settings: Settings, corroboration: str) -> list[DeviceRequest]:
     value = config.env.get(VISIBLE_ENV)
-    tokens = split_ids(value or "")
+    if value is None and is_legacy_image(config.env):
+        value = "all"  # a legacy CUDA image asks for every GPU: an ordinary env request from here on
+    tokens = split_ids(value or "")  # empty items are skipped, as libnvidia-container does
     if value is None or not tokens or "void" in tokens or value == settings.volume_mount_root:
         return []
     src = f"env:{VISIBLE_ENV}"
-    if "none" in tokens:
+    special = next((t.lower() for t in tokens if t.lower() in ("all", "none")), None)
+    if special == "none":  # the first special value wins: "none,all" is none, "all,none" is all
         return [DeviceRequest(source=src, value="none", kind=Kind.NO_GPU, from_plugin=bool(corroboration))]
-    if any(t.lower() == "all" for t in tokens):
+    if special == "all":
         tokens = ("all",)
     return [_id_request(t, src, bool(corroboration)) for t in tokens]
+
+
+def _imex_from_env(config: OciConfig, corroboration: str) -> list[DeviceRequest]:
+    """``NVIDIA_IMEX_CHANNELS`` (the device plugin's env strategy): channel ids; ``all`` grants none."""
+    tokens = split_ids(config.env.get(IMEX_ENV, ""))
+    if not tokens or any(t.lower() in ("all", "none", "void") for t in tokens):
+        return []
+    src = f"env:{IMEX_ENV}"
+    plugin = bool(corroboration)
+    return [DeviceRequest(source=src, value=t, kind=Kind.IMEX, from_plugin=plugin) for t in tokens]
 
 
 def _mig_management(
@@ -287,7 +328,7 @@ _NOT_VOUCHED = (
 )
 
 
-def _env_refusal(kubelet: Kubelet, settings: Settings, corroboration: str, value: str) -> str:
+def _env_refusal(kubelet: Kubelet, corroboration: str, value: str) -> str:
     """Why a Kubernetes container's visible-devices env is no request ('' when it counts)."""
     pod = kubelet.pod
     where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
@@ -326,7 +367,8 @@ def collect(
         and kubelet.pod.namespace in settings.env_trusted_namespaces
     )
     needs_kubelet = kubelet is not None and mode is EnvRequests.AUTO and not trusted
-    bounded = needs_kubelet and kubelet is not None and kubelet.known
+    # DRA claims inject CDI devices the device-plugin checkpoint does not list: no bound then
+    bounded = needs_kubelet and kubelet is not None and kubelet.known and not kubelet.dra
     checkpoint = _from_checkpoint(allocs, config, settings)
     granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
     mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
@@ -338,21 +380,28 @@ def collect(
         corroboration = ""  # the kubelet's record outranks env siblings an image can carry
     env = _from_env(config, settings, corroboration)
     value = config.env.get(VISIBLE_ENV, "")
+    shown = value if VISIBLE_ENV in config.env else "all (legacy CUDA image)"
     if env and (granting or checkpoint):
         origin = (checkpoint or granting)[0].source
         if not any(a.envs.get(VISIBLE_ENV) == value for a in gpu_allocs):
-            warnings.append(f"{VISIBLE_ENV}={value} ignored: the allocation came from {origin}")
+            warnings.append(f"{VISIBLE_ENV}={shown} ignored: the allocation came from {origin}")
         env = []
     elif env and needs_kubelet and kubelet is not None and not gpu_allocs:
-        refusal = _env_refusal(kubelet, settings, corroboration, value)
+        refusal = _env_refusal(kubelet, corroboration, shown)
         if refusal:
             warnings.append(refusal)
-            ignored.append(f"{VISIBLE_ENV}={value}")
+            ignored.append(f"{VISIBLE_ENV}={shown}")
             env = []
     elif env and not privileged and not corroboration and mode is EnvRequests.NEVER:
         warnings.append(f"{VISIBLE_ENV} ignored in an unprivileged container (env_requests: never)")
-        ignored.append(f"{VISIBLE_ENV}={value}")
+        ignored.append(f"{VISIBLE_ENV}={shown}")
         env = []
+    imex_env = [] if imex else _imex_from_env(config, corroboration)
+    if imex_env:  # channels count with a GPU request that counts, or when the kubelet's allocation set them
+        vouched_imex = any(a.envs.get(IMEX_ENV) == config.env.get(IMEX_ENV) for a in gpu_allocs)
+        if not (env or vouched_imex or (privileged and not needs_kubelet)):
+            warnings.append(f"{IMEX_ENV} ignored: it counts only with a GPU request that counts")
+            imex_env = []
     nodes = (
         []
         if is_privileged(config.resource_rules) or bounded
@@ -361,14 +410,20 @@ def collect(
     vouched: dict[str, str] | None = None
     if needs_kubelet:
         vouched = {k: v for a in gpu_allocs for k, v in a.envs.items()}
-    mig = _mig_management(config, vouched, warnings, ignored)
-    items = _dedupe([*checkpoint, *granting, *imex, *env, *nodes, *mig])
+    gpu = [*checkpoint, *granting, *env, *nodes]
+    if gpu:
+        mig = _mig_management(config, vouched, warnings, ignored)
+    else:  # NVIDIA's hook returns before looking at them when no GPU is requested
+        mig = []
+        warnings += [f"{name}={config.env[name].strip()} ignored: the container asks for no GPU"
+                     for name in MIG_ENVS if config.env.get(name, "").strip()]
+    items = _dedupe([*checkpoint, *granting, *imex, *imex_env, *env, *nodes, *mig])
     evidence = [s for s in dict.fromkeys(r.source.split(":")[0] for r in items if r.from_plugin)]
     if corroboration and any(r.source.startswith("env:") and r.from_plugin for r in items):
         evidence.append(f"corroborated-by:{corroboration}")
     if trusted and kubelet is not None and any(r.source.startswith("env:") for r in items):
         evidence.append(f"trusted-namespace:{kubelet.pod.namespace}")
-    caps = config.env.get("NVIDIA_DRIVER_CAPABILITIES", "")
+    caps = config.env.get(CAPS_ENV, "")
     return Requests(
         items=items,
         evidence=tuple(evidence),
@@ -377,4 +432,5 @@ def collect(
         kubelet=kubelet,
         bounded=bounded,
         ignored_env=tuple(ignored),
+        legacy_image=is_legacy_image(config.env) and CAPS_ENV not in config.env,
     )

@@ -37,11 +37,26 @@ def fold_plan(config: dict[str, Any], plan: Plan, host: HostDevices | None = Non
             devices.append(node.to_json())
     linux["devices"] = devices
     resources = linux.setdefault("resources", {})
-    rules = [*(resources.get("devices") or []), *(r.to_json() for r in plan.rules)]
+    rules = list(resources.get("devices") or [])
+    for rule in (r.to_json() for r in plan.rules):
+        if _last_touching(rules, rule) != rule:  # a CDI edit already appended this very rule last
+            rules.append(rule)
     if host is not None and any(not r.allow for r in plan.rules):
         rules = _allow_list(rules, devices, host)
     resources["devices"] = rules
     return out
+
+
+def _last_touching(rules: list[Any], rule: dict[str, Any]) -> Any:
+    """The last rule that decides any access for ``rule``'s device(s): an identical one makes it a no-op."""
+    for old in reversed(rules):
+        if not isinstance(old, dict):
+            continue
+        if (old.get("type", "a") in ("a", rule.get("type"))
+                and old.get("major") in (None, rule.get("major"))
+                and old.get("minor") in (None, rule.get("minor"))):
+            return old
+    return None
 
 
 def _allow_list(rules: list[Any], devices: Iterable[Any], host: HostDevices) -> list[Any]:
@@ -72,11 +87,16 @@ def cdi_already_applied(config: dict[str, Any], edits: ContainerEdits) -> bool:
         for h in stage or ()
         if isinstance(h, dict)
     }
+    gids = set((process.get("user") or {}).get("additionalGids") or ())
+    nets = set((linux.get("netDevices") or {}).keys()) if isinstance(linux.get("netDevices"), dict) else set()
     return (
         set(edits.env) <= env
         and {n.path for n in edits.device_nodes} <= paths
         and {m.container_path for m in edits.mounts} <= dests
         and {(h.path, tuple(h.args)) for h in edits.hooks} <= hooks
+        and {g for g in edits.additional_gids if g != 0} <= gids
+        and {n.host_interface_name for n in edits.net_devices} <= nets
+        and (edits.intel_rdt is None or linux.get("intelRdt") == edits.intel_rdt.to_oci())
     )
 
 

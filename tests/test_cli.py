@@ -112,7 +112,7 @@ CASES = {
         "only r, w and m",
     ),
     "mig-env-not-all": Case(
-        _bundle(config(["NVIDIA_MIG_CONFIG_DEVICES=0"], privileged=True)),
+        _bundle(config(["NVIDIA_MIG_CONFIG_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=0"], privileged=True)),
         "{bundle}/config.json",
         "process.env.NVIDIA_MIG_CONFIG_DEVICES",
         "only 'all'",

@@ -29,6 +29,7 @@ from tests.k8s_shapes import (
     IMAGE_ENV,
     MOUNT_ROOT,
     POD_UID,
+    allow,
     annotations,
     control_devs,
     env,
@@ -193,7 +194,11 @@ def test_trusted_namespace_sees_every_gpu(tmp_path: Path, node: dict[str, Path],
         pytest.param(None, "absent", id="absent"),
         pytest.param(b"{oops", "corrupt", id="not-json"),
         pytest.param(b'{"Data": []}', "corrupt", id="data-list"),
-        pytest.param(b'{"Data": {"PodDeviceEntries": [{"AllocResp": 7}]}}', "corrupt", id="resp-int"),
+        pytest.param(
+            checkpoint([{"PodUID": POD_UID, "ContainerName": CONTAINER, "AllocResp": 7}]),
+            "corrupt",
+            id="resp-int",
+        ),
         pytest.param(
             checkpoint([{"PodUID": POD_UID, "ContainerName": CONTAINER, "AllocResp": "KgmA"}]),
             "corrupt",
@@ -324,10 +329,11 @@ def test_mig_monitor_env_needs_the_kubelets_word_too(
     rep = run(tmp_path, node, cfg, capsys)
     assert (rep["verdict"], rep["requests"]) == ("none", [])
     assert rep["warnings"][0].startswith("NVIDIA_MIG_MONITOR_DEVICES=all ignored")
-    trusted = run(
+    trusted = run(  # with a GPU request: NVIDIA ignores MIG envs in a container that asks for no GPU
         tmp_path,
         node,
-        pod_config(image_env=cfg["process"]["env"], caps=caps, namespace="kube-system"),
+        pod_config(image_env=[*cfg["process"]["env"], "NVIDIA_VISIBLE_DEVICES=all"], caps=caps,
+                   namespace="kube-system"),
         capsys,
     )
     assert ("c", CAPS_MAJOR, 2) in allowed(trusted)
@@ -418,3 +424,59 @@ def test_reject_policy_refuses_the_over_granted_pod(
     capsys.readouterr()
     assert cli([*args, "--cdi-spec-dir", str(node["cdi"])]) == 3
     assert json.loads(capsys.readouterr().out)["verdict"] == "deny"
+
+
+def test_a_pod_with_dra_claims_is_not_bounded_by_the_device_plugin_checkpoint(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """DRA injects CDI devices (nodes with their own allow rule) that kubelet_internal_checkpoint
+    never lists; its own state file (beside device-plugins/) names the pod, so nothing is denied."""
+    ckpt_dir = tmp_path / "kubelet" / "device-plugins"
+    ckpt_dir.mkdir(parents=True)
+    (ckpt_dir / "kubelet_internal_checkpoint").write_bytes(checkpoint([]))
+    devices = [gpu_dev(2), *control_devs()]
+    cfg = pod_config(devices=devices, rules=[*DEFAULT_RULES, *(allow(d) for d in devices)])
+    settings = {"kubelet_checkpoint": str(ckpt_dir / "kubelet_internal_checkpoint")}
+    bounded = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
+    assert denied(bounded) == ALL_GPU_KEYS | MIG_CAPS  # without DRA state: an over-grant
+    (tmp_path / "kubelet" / "dra_manager_state").write_text(
+        json.dumps({"Data": json.dumps({"ClaimInfoStateList": [{"PodUIDs": {POD_UID: {}}}]}), "Checksum": 1})
+    )
+    rep = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
+    assert (rep["verdict"], denied(rep)) == ("none", set())
+    assert rep["kubernetes"]["dra_claims"] is True and rep["kubernetes"]["bounded"] is False
+
+
+# --- legacy CUDA images (issue #13): an env request like any other -----------------------------------
+
+
+def test_legacy_cuda_image_without_allocation_is_no_request(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """CUDA_VERSION alone asks for every GPU (NVIDIA's semantics), but the kubelet allocated none."""
+    rep = run(tmp_path, node, pod_config(image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"]), capsys)
+    assert (rep["verdict"], rep["requests"], rep["cgroup"]) == ("none", [], [])
+    (warning,) = rep["warnings"]
+    assert warning.startswith("NVIDIA_VISIBLE_DEVICES=all (legacy CUDA image) ignored: the kubelet allocated")
+
+
+def test_legacy_cuda_image_outside_kubernetes_gets_every_gpu(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    cfg = pod_config(image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"], k8s=False)
+    rep = run(tmp_path, node, cfg, capsys)
+    assert rep["verdict"] == "apply"
+    assert allowed(rep) >= ALL_GPU_KEYS
+    assert [r["value"] for r in rep["requests"]] == ["all"]
+
+
+@pytest.mark.parametrize("name", ["envvar", "cdi-annotations"])
+def test_legacy_cuda_image_with_allocation_gets_only_it(
+    name: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    resp, plugin_env, mounts, ann = strategy(name)
+    cfg = pod_config(image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"], cri_env=plugin_env, mounts=mounts,
+                     extra_annotations=ann)
+    rep = run(tmp_path, node, cfg, capsys, ckpt=checkpoint([gpu_entry(resp)]))
+    assert rep["verdict"] == "apply"
+    assert allowed(rep) & ALL_GPU_KEYS == {gpu_key(2)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,52 @@ def test_prestart_does_nothing_more_for_a_decided_config_and_decides_a_forged_on
     res = _prestart(node, bundle)
     record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
     assert "precreate" not in record["reason"] and record["container"]["widened"] is True, record
+
+
+def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_path: Path) -> None:
+    """A config that needs no decision is answered by ``hook.entry`` alone (os/sys, json's C scanner)."""
+    cfg = tmp_path / "config.json"
+    cfg.write_bytes(example("cpu"))
+    probe = (
+        "import sys, os\n"
+        "from hook.entry import main\n"
+        "rc = main(['precreate'])\n"
+        "mods = sorted(m for m in sys.modules if m == 'hook' or m.startswith('hook.'))\n"
+        "os.write(2, repr((rc, mods, 'json' in sys.modules, 'yaml' in sys.modules)).encode())\n"
+    )
+    settings = tmp_path / "absent.yaml"
+    with open(cfg, "rb") as stdin:
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                probe.replace("['precreate']", f"['precreate', '--config', {str(settings)!r}]"),
+            ],
+            stdin=stdin,
+            capture_output=True,
+            timeout=60,
+        )
+    assert res.stdout == example("cpu")
+    assert res.stderr.decode() == repr((0, ["hook", "hook.entry"], False, False))
+
+
+def test_kubelet_checkpoint_found_from_the_pod_annotations_alone(
+    node: dict[str, Any], tmp_path: Path
+) -> None:
+    """No state, pid or bundle at precreate: the CRI annotations in the config name the pod and
+    container, and the kubelet checkpoint says which card they were allocated."""
+    from tests.bundles import POD_ANNOTATIONS, SLICE_UUID, checkpoint, checkpoint_entry, config, gpu_nodes
+
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_bytes(checkpoint([checkpoint_entry("nvidia.com/gpu", [SLICE_UUID])]))
+    settings_file(tmp_path, kubelet_checkpoint=str(ckpt))
+    cfg = config(privileged=True, devices=gpu_nodes(), annotations=dict(POD_ANNOTATIONS))
+    res = precreate(node, json.dumps(cfg).encode())
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    cards = [d["path"] for d in out["linux"]["devices"] if d["path"][len("/dev/nvidia") :].isdigit()]
+    assert cards == ["/dev/nvidia1"]
+    assert is_allow_list(rules_of(out))
+    record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
+    assert record["evidence"] == ["kubelet-checkpoint"]

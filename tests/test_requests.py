@@ -65,7 +65,7 @@ def test_cdi_annotations_prefix_and_comma_lists() -> None:
     reqs = collect_from(
         config(
             annotations={
-                "cdi.k8s.io/b": " nvidia.com/gpu=1 , nvidia.com/gpu=2",
+                "cdi.k8s.io/b": "nvidia.com/gpu=1,nvidia.com/gpu=2",
                 "cdi.k8s.io/a": "nvidia.com/gpu=0",
                 "cdi.k8s.io.alike/x": "nvidia.com/gpu=7",
                 "other": "nvidia.com/gpu=6",
@@ -78,6 +78,12 @@ def test_cdi_annotations_prefix_and_comma_lists() -> None:
         ("annotation:cdi.k8s.io/b", "nvidia.com/gpu=2", "cdi", True),
     ]
     assert reqs.evidence == ("annotation",)
+
+
+def test_cdi_annotation_values_are_not_trimmed() -> None:
+    """The reference splits at commas and refuses a name with a space (annotations_test.go)."""
+    with pytest.raises(InputError, match=r"cdi\.k8s\.io/b"):
+        collect_from(config(annotations={"cdi.k8s.io/b": "vendor.com/device=dev1, vendor.com/device=dev2"}))
 
 
 def test_custom_annotation_prefix() -> None:
@@ -233,15 +239,24 @@ def test_env_ignored_when_unprivileged_and_not_accepted() -> None:
     ],
 )
 def test_mig_management_env(env: list[str], expected: list[tuple[str, str]]) -> None:
-    reqs = collect_from(config(env))
-    assert items(reqs) == [(src, "all", kind, False) for src, kind in expected]
+    reqs = collect_from(config([*env, "NVIDIA_VISIBLE_DEVICES=all"], privileged=True))
+    mig = [i for i in items(reqs) if i[2].startswith("mig-")]
+    assert mig == [(src, "all", kind, False) for src, kind in expected]
 
 
 @pytest.mark.parametrize("value", ["0", "GPU-a,all", "none"])
 def test_mig_management_only_all(value: str) -> None:
     with pytest.raises(InputError) as info:
-        collect_from(config([f"NVIDIA_MIG_CONFIG_DEVICES={value}"]))
+        env = [f"NVIDIA_MIG_CONFIG_DEVICES={value}", "NVIDIA_VISIBLE_DEVICES=0"]
+        collect_from(config(env, privileged=True))
     assert (info.value.file, info.value.field) == (SRC, "process.env.NVIDIA_MIG_CONFIG_DEVICES")
+
+
+@pytest.mark.parametrize("value", ["all", "0", "bogus"])
+def test_mig_management_ignored_without_a_gpu(value: str) -> None:
+    """NVIDIA's hook returns before the MIG envs when no GPU is requested (getNvidiaConfig)."""
+    reqs = collect_from(config([f"NVIDIA_MIG_CONFIG_DEVICES={value}", f"NVIDIA_MIG_MONITOR_DEVICES={value}"]))
+    assert items(reqs) == []
 
 
 # --- linux.devices with specific allow rules ------------------------------------------------------

@@ -36,11 +36,14 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from hook.errors import ApplyError
 from hook.plan import Node
 from hook.record import fields, record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Change", "Undo", "apply", "split_container_path"]
 
@@ -196,7 +199,10 @@ def _mknod(dev: _Dev, node: Change) -> None:
         kind = stat.S_IFCHR if node.type == "c" else stat.S_IFBLK
         os.mknod(parts[-1], kind | (node.mode & 0o7777), os.makedev(node.major, node.minor), dir_fd=dirfd)
         dev.journal.append(node)
-        os.chown(parts[-1], node.uid, node.gid, dir_fd=dirfd, follow_symlinks=False)
+        try:
+            os.chown(parts[-1], node.uid, node.gid, dir_fd=dirfd, follow_symlinks=False)
+        except OSError as exc:
+            raise ApplyError(node.path, "chown", exc.strerror or str(exc)) from exc
         if not _same_device(_lstat(dirfd, parts[-1]), node.type, node.major, node.minor):
             raise ApplyError(node.path, "mknod", "node differs from the plan after mknod")
     finally:
@@ -327,7 +333,7 @@ def _child(
         except OSError as exc:
             raise ApplyError("/dev", "open", exc.strerror or str(exc)) from exc
         if dev is None:
-            why = "/dev is on a host filesystem (same st_dev as the host's / or /dev)"
+            why = "/dev is on a host filesystem (the st_dev of the host's /, /dev or <driver-root>/dev)"
             report["skipped"] = [[c.path, why] for _, c in actions]
         else:
             _run_actions(dev, actions)

@@ -8,18 +8,23 @@ nodes always come from /proc of this boot, never from the cache.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
 
 from hook.errors import InputError
-from hook.nvidia import nvml, procfs
+from hook.nvidia import procfs
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
 from hook.nvidia.snapshot import SNAPSHOT_VERSION
 from hook.record import record, replace
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any, Final
+
+    from hook.nvidia import nvml
+    from hook.nvidia.migminors import MigMinors
 
 __all__ = [
     "CACHE_NAME",
@@ -66,15 +71,70 @@ def read_snapshot(path: Path) -> Inventory:
     return replace(Inventory.from_json(data, str(path)), source="file")
 
 
-def _read_proc(driver_root: Path) -> _Proc:
-    caps, warnings = procfs.read_cap_table(driver_root)
+MINORS_CACHE_NAME: Final = "mig-minors.json"
+_MINORS_CACHE_VERSION: Final = 1
+
+
+def _minors_key(driver_root: Path, boot_id: str | None, version_text: str | None) -> list[object] | None:
+    """What the mig-minors table depends on: the driver build (its whole version text) in this boot.
+
+    The driver prints the same fixed table for every load of one build; a new build changes the
+    version text, a reboot the boot id. ``None`` (no caching) when either is unknown.
+    """
+    if not boot_id or not version_text:
+        return None
+    return [_MINORS_CACHE_VERSION, str(driver_root), boot_id, version_text]
+
+
+def _cached_minors(cache_dir: Path, key: list[object]) -> MigMinors | None:
+    """The cached table for ``key``, or None on a miss or anything malformed (then /proc is read)."""
+    from hook.nvidia.migminors import MigMinors
+
+    try:
+        data = json.loads((cache_dir / MINORS_CACHE_NAME).read_bytes())
+        by_name = data["by_name"] if data["key"] == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(by_name, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in by_name.items()
+    ):
+        return None
+    return MigMinors(by_name=by_name)
+
+
+def _mig_minors(
+    driver_root: Path, cache_dir: Path | None, key: list[object] | None
+) -> tuple[MigMinors | None, str]:
+    """mig-minors from the cache when its key matches, else parsed from /proc (and cached if clean)."""
+    if cache_dir is not None and key is not None:
+        cached = _cached_minors(cache_dir, key)
+        if cached is not None:
+            return cached, ""
+    minors = procfs.read_mig_minors(driver_root)
+    note = ""
+    if cache_dir is not None and key is not None and minors is not None and not minors.warnings:
+        payload = json.dumps({"key": key, "by_name": dict(minors.by_name)}).encode()
+        note = _write_atomic(cache_dir, MINORS_CACHE_NAME, payload) or ""
+    return minors, note
+
+
+def _read_proc(driver_root: Path, cache_dir: Path | None = None) -> _Proc:
+    boot_id = procfs.read_boot_id(driver_root)
+    version_text = procfs.read_text(driver_root, procfs.VERSION_PATH, required=False)
+    driver_version = (
+        None
+        if version_text is None
+        else procfs.parse_driver_version(version_text, str(driver_root / procfs.VERSION_PATH))
+    )
+    minors, note = _mig_minors(driver_root, cache_dir, _minors_key(driver_root, boot_id, version_text))
+    caps, warnings = procfs.read_cap_table(driver_root, minors)
     return _Proc(
         majors=procfs.read_majors(driver_root),
-        driver_version=procfs.read_driver_version(driver_root),
+        driver_version=driver_version,
         infos=procfs.read_gpu_infos(driver_root),
         caps=caps,
-        boot_id=procfs.read_boot_id(driver_root),
-        warnings=warnings,
+        boot_id=boot_id,
+        warnings=warnings + ((note,) if note else ()),
     )
 
 
@@ -111,22 +171,28 @@ def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, 
 def write_cache(cache_dir: Path, key: dict[str, Any], inv: Inventory) -> str | None:
     """Write atomically (temp file + fsync + rename); a failure is returned as a warning."""
     payload = json.dumps({"key": key, "inventory": inv.to_json()}, sort_keys=True).encode()
+    return _write_atomic(cache_dir, CACHE_NAME, payload)
+
+
+def _write_atomic(cache_dir: Path, name: str, payload: bytes) -> str | None:
     tmp = None
     try:
         cache_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         import tempfile  # only a cache miss writes
 
-        fd, tmp = tempfile.mkstemp(prefix=".inventory.", dir=cache_dir)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=cache_dir)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, cache_dir / CACHE_NAME)
+        os.replace(tmp, cache_dir / name)
     except OSError as exc:
         if tmp is not None:
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 - contextlib would be one more import at start
                 os.unlink(tmp)
-        return f"{cache_dir / CACHE_NAME}: cache not written: {exc.strerror or exc}"
+            except OSError:
+                pass
+        return f"{cache_dir / name}: cache not written: {exc.strerror or exc}"
     return None
 
 
@@ -135,13 +201,19 @@ def _proc_migs(
 ) -> tuple[MigDevice, ...]:
     """MIG devices known only from capability nodes (no UUID), numbered per parent by (gi, ci)."""
     out: list[MigDevice] = []
+    taken: dict[int, int] = {}
+    for key in skip:
+        taken[key[0]] = taken.get(key[0], 0) + 1
+    by_gpu: dict[int, list[tuple[int, int, int]]] = {}
+    for key in caps.instances():  # once, grouped by parent: linear in GPUs + instances
+        if key not in skip:
+            by_gpu.setdefault(key[0], []).append(key)
     for gpu in gpus:
-        taken = len([key for key in skip if key[0] == gpu.minor])
-        keys = [key for key in caps.instances() if key[0] == gpu.minor and key not in skip]
-        for n, (minor, gi, ci) in enumerate(sorted(keys)):
+        first = taken.get(gpu.minor, 0)
+        for n, (minor, gi, ci) in enumerate(sorted(by_gpu.get(gpu.minor, ()))):
             out.append(
                 MigDevice(
-                    uuid=None, parent_minor=minor, parent_index=gpu.index, gi=gi, ci=ci, index=taken + n
+                    uuid=None, parent_minor=minor, parent_index=gpu.index, gi=gi, ci=ci, index=first + n
                 )
             )
     return tuple(out)
@@ -200,7 +272,7 @@ def load(
     """The host inventory: file > cache > /proc > NVML (see the module rule)."""
     if inventory_file is not None:
         return read_snapshot(inventory_file)
-    proc = _read_proc(driver_root)
+    proc = _read_proc(driver_root, cache_dir)
     key = cache_key(proc)
     notes: tuple[str, ...] = ()
     if cache_dir is not None and key is not None:
@@ -212,6 +284,8 @@ def load(
     if from_proc is not None and not (need_migs and any(m.uuid is None for m in from_proc.migs)):
         return replace(from_proc, warnings=from_proc.warnings + notes)
     try:
+        from hook.nvidia import nvml  # only when /proc and the cache cannot answer
+
         result = nvml.query(nvml_module, need_migs=need_migs)
     except InputError as exc:
         if from_proc is None:

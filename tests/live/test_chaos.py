@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -37,7 +38,10 @@ from tests.live.test_hook_scenarios import CAPS, MIG_UUID, REPO
 STRACE = shutil.which("strace")
 TIMEOUT = shutil.which("timeout") or "/usr/bin/timeout"
 V1_DEVICES = Path("/sys/fs/cgroup/devices")
-V2_ROOT = Path("/sys/fs/cgroup/unified")  # the machine's cgroup2 mount, as this process sees it
+# the machine's cgroup2 mount as this process sees it: hybrid hosts have it at unified/
+V2_ROOT = (
+    Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified").is_dir() else Path("/sys/fs/cgroup")
+)
 OWN = [f"/dev/nvidia-caps/nvidia-cap{m}" for m in (cap_minor(0, 1), cap_minor(0, 1, 0))]
 SIBLING = cap_minor(0, 2)
 PROBES = [
@@ -164,9 +168,15 @@ def check(res: RunResult, run_tree: list[str], what: str, *, kill: bool = False)
         assert res.rc == 0 and seen == FULL_PLAN, f"{what}: started with a partial plan: {seen}\n{res.stderr}"
         return "full"
     assert res.rc != 0, f"{what}: no probe output but runc said 0: {res.stderr}"
-    hook_line = [ln for ln in res.stderr.splitlines() if "oci-device-hook:" in ln]
-    for step in ("device nodes", "cgroup v1", "cgroup v2", "locate cgroup"):
-        assert f"{step}: {step}" not in res.stderr, f"{what}: step repeated: {hook_line}"
+    errors = [
+        e
+        for e in re.findall(r"oci-device-hook: (.*?)(?:\\n|\"|$)", res.stderr)
+        if not e.startswith("warning")
+    ]
+    for line in errors:  # the hook's own error line (absent when it was killed): a path, each step once
+        assert line.startswith("/"), f"{what}: the error names no file: {line}"
+        for step in ("device nodes", "cgroup v1", "cgroup v2", "locate cgroup"):
+            assert line.count(f"{step}:") <= 1, f"{what}: step repeated: {line}"
     return "refused"
 
 

@@ -147,6 +147,9 @@ def test_image_env_all_in_a_pod_without_allocation_starts_with_no_gpu(
     seen = parse_probe(res.stdout)
     assert {seen[p] for p in GPU_NODES} == {"ENOENT"}
     assert {seen[p] for p in PLANTED} == {"EPERM"}
+    record = last_log(node)  # the log says which env was ignored and why
+    assert record["verdict"] == "none"
+    assert record["warnings"][0].startswith("NVIDIA_VISIBLE_DEVICES=all ignored: the kubelet allocated no")
 
 
 @pytest.mark.parametrize(
