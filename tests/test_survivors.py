@@ -110,3 +110,33 @@ def test_fast_path_never_accepts_what_the_parser_rejects(
     assert entry._fast_path(opts, state(good)) is True  # the control: the intact config is answered
     bad = write_bundle(tmp_path / "bad", cfg)
     assert entry._fast_path(opts, state(bad)) is False
+
+
+# --- decide: rules and nodes come in (major, minor, type) order, whatever the grant order (g008) -----
+
+
+def test_additions_are_ordered_by_major_minor_then_type() -> None:
+    """A CDI device may name a block and a char node with the same numbers: ``b`` sorts before ``c``,
+    so the plan (and the eBPF program built from it) does not depend on the spec's order."""
+    from hook.decide import Grant, Inputs, decide
+    from hook.plan import Node
+    from hook.requests import DeviceRequest, Kind, Requests
+    from hook.rules import Access, DeviceType
+
+    cfg = parse_config(json.dumps(config()).encode(), "/b/config.json", "/b")
+    req = DeviceRequest(source="annotation:cdi.k8s.io/x", value="v.com/c=d", kind=Kind.CDI, from_plugin=True)
+    grants = (
+        Grant(node=Node(path="/dev/x-c", type="c", major=259, minor=0), access=Access.R | Access.W),
+        Grant(node=Node(path="/dev/x-b", type="b", major=259, minor=0), access=Access.R | Access.W),
+        Grant(node=Node(path="/dev/x-a", type="c", major=258, minor=9), access=Access.R | Access.W),
+    )
+    requests = Requests(items=(req,), evidence=("annotation",), warnings=(), driver_capabilities="")
+    plan = decide(
+        Inputs(container_id="c", config=cfg, settings=Settings(), requests=requests, grants={req: grants})
+    )
+    assert [(r.type, r.major, r.minor) for r in plan.rules] == [
+        (DeviceType.CHAR, 258, 9),
+        (DeviceType.BLOCK, 259, 0),
+        (DeviceType.CHAR, 259, 0),
+    ]
+    assert [n.path for n in plan.create] == ["/dev/x-a", "/dev/x-b", "/dev/x-c"]

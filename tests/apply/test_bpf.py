@@ -308,3 +308,12 @@ def test_disasm_jump_operators(code: int, text: str) -> None:
         "block-0:",
         "    2: exit",
     ]
+
+
+def test_builder_that_would_clobber_r1_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The appended runtime program reads the ctx through R1: the guard in build_program stops a
+    (future, broken) builder that writes R1 before the program is ever loaded."""
+    real = bpf._prologue
+    monkeypatch.setattr(bpf, "_prologue", lambda digest: [*real(digest), bpf.Insn(bpf.MOV32_K, dst=1, imm=0)])
+    with pytest.raises(AssertionError, match="R1 or R10"):
+        bpf.build_program([], None, default_allow=False)
