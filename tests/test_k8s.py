@@ -332,8 +332,11 @@ def test_mig_monitor_env_needs_the_kubelets_word_too(
     trusted = run(  # with a GPU request: NVIDIA ignores MIG envs in a container that asks for no GPU
         tmp_path,
         node,
-        pod_config(image_env=[*cfg["process"]["env"], "NVIDIA_VISIBLE_DEVICES=all"], caps=caps,
-                   namespace="kube-system"),
+        pod_config(
+            image_env=[*cfg["process"]["env"], "NVIDIA_VISIBLE_DEVICES=all"],
+            caps=caps,
+            namespace="kube-system",
+        ),
         capsys,
     )
     assert ("c", CAPS_MAJOR, 2) in allowed(trusted)
@@ -445,3 +448,21 @@ def test_a_pod_with_dra_claims_is_not_bounded_by_the_device_plugin_checkpoint(
     rep = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
     assert (rep["verdict"], denied(rep)) == ("none", set())
     assert rep["kubernetes"]["dra_claims"] is True and rep["kubernetes"]["bounded"] is False
+
+
+def test_text_report_says_what_kubelet_evidence_was_used(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    bundle = write_bundle(tmp_path / "bundle", pod_config("crio"))
+    (tmp_path / "ck").write_bytes(checkpoint([]))
+    args = ["--driver-root", str(node["root"]), "--cdi-spec-dir", str(node["cdi"])]
+    args += ["--config", str(settings_file(tmp_path, kubelet_checkpoint=str(tmp_path / "ck")))]
+    rc, text, _ = simulate(bundle, *args, capsys=capsys, fmt="text")
+    assert rc == 0
+    assert (
+        f"kubernetes: pod ml/train-0 container cuda; checkpoint {tmp_path / 'ck'} read, allocated nothing"
+        in text
+    )
+    assert (
+        "why:      no device requested: NVIDIA_VISIBLE_DEVICES=all is no request here (see warnings)" in text
+    )
