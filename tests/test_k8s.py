@@ -308,17 +308,30 @@ def test_hami_slice_with_its_allocation_gets_its_card(
     assert rep["warnings"] == []
 
 
-def test_hami_slice_corroborated_when_the_checkpoint_cannot_answer(
-    tmp_path: Path, node: dict[str, Path], capsys: Any
+@pytest.mark.parametrize(
+    ("ckpt", "state"), [pytest.param(b"", "read", id="not-listed"), pytest.param(None, "absent", id="absent")]
+)
+def test_hami_slice_corroborated_by_its_plugin_only_siblings(
+    ckpt: bytes | None, state: str, tmp_path: Path, node: dict[str, Path], capsys: Any
 ) -> None:
+    """A plugin that speaks env only (HAMi#469): its sibling env vouches, as outside Kubernetes."""
     cfg = pod_config(cri_env=[f"NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=20000m"])
-    rep = run(tmp_path, node, cfg, capsys, ckpt=None)
+    rep = run(tmp_path, node, cfg, capsys, ckpt=ckpt)
     assert allowed(rep) & ALL_GPU_KEYS == {gpu_key(1)}
     assert rep["evidence"] == ["env", "corroborated-by:env:CUDA_DEVICE_MEMORY_LIMIT_0"]
-    assert rep["kubernetes"]["checkpoint_state"] == "absent"
-    # ...but a checkpoint that answers outranks siblings an image can carry
-    refused = run(tmp_path, node, cfg, capsys)
-    assert refused["cgroup"] == [] and "the kubelet allocated no GPU" in refused["warnings"][0]
+    assert rep["kubernetes"]["checkpoint_state"] == state
+    alone = pod_config(cri_env=[f"NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}"])
+    assert run(tmp_path, node, alone, capsys, ckpt=ckpt)["cgroup"] == []
+
+
+def test_corroborated_slice_still_bounds_a_runtimes_over_grant(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """The vouched env is the allocation: NVIDIA's runtime honoured the image's all, the rest goes."""
+    cri = [f"NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}", "CUDA_DEVICE_SM_LIMIT=30"]
+    cfg = nvidia_runtime(pod_config(image_env=IMAGE_ENV, cri_env=cri), "legacy", list(GPUS), "/bin/true")
+    rep = run(tmp_path, node, cfg, capsys)
+    assert denied(rep) == ALL_GPU_KEYS - {gpu_key(1)} | MIG_CAPS
 
 
 def test_mig_monitor_env_needs_the_kubelets_word_too(
