@@ -224,8 +224,11 @@ def cdi_resolve(ctx: click.Context, /, names: tuple[str, ...], **kw: Any) -> Non
 @cli.command()
 @_common
 @click.option("--hooks-dir", "hooks_dirs", type=PathArg, multiple=True, help="hooks.d directory to check")
+@click.option("--containerd-config", type=PathArg, help="containerd config to check")
 @click.pass_context
-def doctor(ctx: click.Context, /, hooks_dirs: tuple[Path, ...], **kw: Any) -> None:
+def doctor(
+    ctx: click.Context, /, hooks_dirs: tuple[Path, ...], containerd_config: Path | None, **kw: Any
+) -> None:
     """Check this node's readiness: driver, CDI specs, cgroups, hooks.d, settings."""
     from hook.doctor import run_doctor
     from hook.settings import DEFAULT_PATH
@@ -243,6 +246,7 @@ def doctor(ctx: click.Context, /, hooks_dirs: tuple[Path, ...], **kw: Any) -> No
             dirs,
             o.get("config_file") or DEFAULT_PATH,
             o.get("fmt") or "text",
+            containerd_config=containerd_config,
         )
     )
 

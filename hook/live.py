@@ -95,6 +95,16 @@ def _decided_before(config: OciConfig, settings: Settings) -> bool:
     return verify(load_key(Path(settings.cache_dir), create=False), config)
 
 
+def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
+    """One warning per reason the node helper left changes to the cgroup alone (not the container's /dev)."""
+    by_why: dict[str, list[str]] = {}
+    for path, why in skipped:
+        by_why.setdefault(why, []).append(path)
+    return [
+        f"{', '.join(paths)}: left as it is, the cgroup alone narrows: {why}" for why, paths in by_why.items()
+    ]
+
+
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
@@ -133,7 +143,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
             )
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
-            report["warnings"] += [f"{path}: left as it is: {why}" for path, why in applied.skipped]
+            report["warnings"] += _skipped_warnings(applied.skipped)
         _log(report, settings, annotations, opts)
         return 0
     except HookError as exc:

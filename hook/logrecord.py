@@ -31,10 +31,10 @@ _POD_KEYS = (
 
 # an annotation key (or key prefix, ending in "."/"/") that only one engine sets
 _ENGINE_MARKS = (
+    ("io.container.manager", "podman"),  # "libpod"; podman also sets CRI-O's annotations
+    ("io.podman.", "podman"),
     ("io.kubernetes.cri-o.", "cri-o"),
     ("io.kubernetes.cri.", "containerd"),
-    ("io.container.manager", "podman"),  # "libpod"
-    ("io.podman.", "podman"),
     ("com.docker.", "docker"),
     ("oci-device-hook/decided", "runtime-wrapper"),
 )

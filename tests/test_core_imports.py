@@ -19,7 +19,7 @@ CORE = (
     "cdi/names.py",
 )
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
-SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py"}
+SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py", "install.py"}  # install: installer's
 
 
 def imports(path: Path) -> set[str]:

@@ -70,6 +70,7 @@ def _run(h: dict[str, Path], fmt: str = "json") -> tuple[list[dict], int]:
         h["settings"],
         fmt,
         mounts_file=h["mounts"],
+        containerd_config=h["root"] / "etc/containerd/config.toml",
         host_root=h["host"],
     )
     return (json.loads(out) if fmt == "json" else out), code
@@ -82,7 +83,9 @@ def _by_name(checks: list[dict]) -> dict[str, dict]:
 def test_healthy_host_passes_every_check(host: dict[str, Path]) -> None:
     checks, code = _run(host)
     assert code == 0, checks
-    assert [c["name"] for c in checks] == ["driver", "cdi", "cgroup", "hooks.d", "settings", "kubelet"]
+    assert [c["name"] for c in checks] == [
+        "driver", "cdi", "cgroup", "hooks.d", "hooks.d order", "containerd", "settings", "kubelet"
+    ]  # fmt: skip
     assert all(set(c) >= {"name", "ok", "detail"} for c in checks)
     by = _by_name(checks)
     assert "nvidia 195" in by["driver"]["detail"] and "nvidia-caps 237" in by["driver"]["detail"]
@@ -97,7 +100,7 @@ def test_text_checklist_marks_and_hints(host: dict[str, Path]) -> None:
     assert "✓ cgroup: v1 hybrid" in text
     assert "✗ driver: " in text and "no major for nvidia-uvm, nvidia-caps" in text
     assert "    fix: load the NVIDIA kernel modules" in text
-    assert text.splitlines()[-1] == "5 of 6 checks passed"
+    assert text.splitlines()[-1] == "7 of 8 checks passed"
 
 
 def test_driver_missing(host: dict[str, Path], tmp_path: Path) -> None:

@@ -330,7 +330,7 @@ def _child(
         except OSError as exc:
             raise ApplyError("/dev", "open", exc.strerror or str(exc)) from exc
         if dev is None:
-            why = "/dev is on a host filesystem (same st_dev as the host's / or /dev)"
+            why = "/dev is on a host filesystem (the st_dev of the host's /, /dev or <driver-root>/dev)"
             report["skipped"] = [[c.path, why] for _, c in actions]
         else:
             _run_actions(dev, actions)

@@ -262,3 +262,4 @@ def test_pid_in_root_cgroup_is_refused(bundle_dir: Path, host: dict[str, Path]) 
         b, host, sleeper=["unshare", "-m", "sleep", "60"], cgroup=V1_DEVICES, mask=(V1_DEVICES,)
     )
     assert_refused_untouched(result, b, dev_before, "root cgroup")
+    assert (V1_DEVICES / "devices.list").read_text() == "a *:* rwm\n"

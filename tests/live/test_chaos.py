@@ -38,7 +38,10 @@ from tests.live.test_hook_scenarios import CAPS, MIG_UUID, REPO
 STRACE = shutil.which("strace")
 TIMEOUT = shutil.which("timeout") or "/usr/bin/timeout"
 V1_DEVICES = Path("/sys/fs/cgroup/devices")
-V2_ROOT = Path("/sys/fs/cgroup/unified")  # the machine's cgroup2 mount, as this process sees it
+# the machine's cgroup2 mount as this process sees it: hybrid hosts have it at unified/
+V2_ROOT = (
+    Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified").is_dir() else Path("/sys/fs/cgroup")
+)
 OWN = [f"/dev/nvidia-caps/nvidia-cap{m}" for m in (cap_minor(0, 1), cap_minor(0, 1, 0))]
 SIBLING = cap_minor(0, 2)
 PROBES = [
