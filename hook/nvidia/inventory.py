@@ -8,20 +8,22 @@ nodes always come from /proc of this boot, never from the cache.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
 
 from hook.errors import InputError
-from hook.nvidia import nvml, procfs
+from hook.nvidia import procfs
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
 from hook.nvidia.snapshot import SNAPSHOT_VERSION
 from hook.record import record, replace
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from typing import Any, Final
+
+    from hook.nvidia import nvml
     from hook.nvidia.migminors import MigMinors
 
 __all__ = [
@@ -186,8 +188,10 @@ def _write_atomic(cache_dir: Path, name: str, payload: bytes) -> str | None:
         os.replace(tmp, cache_dir / name)
     except OSError as exc:
         if tmp is not None:
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 - contextlib would be one more import at start
                 os.unlink(tmp)
+            except OSError:
+                pass
         return f"{cache_dir / name}: cache not written: {exc.strerror or exc}"
     return None
 
@@ -280,6 +284,8 @@ def load(
     if from_proc is not None and not (need_migs and any(m.uuid is None for m in from_proc.migs)):
         return replace(from_proc, warnings=from_proc.warnings + notes)
     try:
+        from hook.nvidia import nvml  # only when /proc and the cache cannot answer
+
         result = nvml.query(nvml_module, need_migs=need_migs)
     except InputError as exc:
         if from_proc is None:
