@@ -403,11 +403,18 @@ def test_installer_orders_after_nvidia_and_doctor_checks_it(node: Node, tree: Pa
     assert not bad.ok and "ours runs before NVIDIA's hook" in bad.detail
     (node.hooks / "oci-device-hook.json").unlink()
     _ok(node.installer("install", tree, "--engine", "hooks.d", "--mode", "precreate"))
-    assert sorted(p.name for p in node.hooks.iterdir()) == ["oci-nvidia-hook.json", "zz-oci-device-hook.json"]
+    assert sorted(p.name for p in node.hooks.iterdir()) == [
+        "oci-device-hook-precreate.json", "oci-nvidia-hook.json", "zz-oci-device-hook.json"
+    ]  # fmt: skip
     good = doctor.check_hooks_order([node.hooks], str(node.libexec))
-    assert good.ok and "precreate (spec level)" in good.detail, good
-    doc = json.loads((node.hooks / "zz-oci-device-hook.json").read_text())
+    assert good.ok and "precreate (spec level), prestart (live) after NVIDIA's hook" in good.detail, good
+    doc = json.loads((node.hooks / "oci-device-hook-precreate.json").read_text())
     assert doc["stages"] == ["precreate"] and doc["hook"]["args"][:2] == ["hook", "precreate"]
+    assert json.loads((node.hooks / "zz-oci-device-hook.json").read_text())["stages"] == ["prestart"]
+    live = doctor.check_hooks([node.hooks])
+    assert live.ok and live.detail.startswith(str(node.hooks / "zz-oci-device-hook.json")), live
+    _ok(node.installer("install", tree, "--engine", "hooks.d"))  # back to prestart only
+    assert sorted(p.name for p in node.hooks.iterdir()) == ["oci-nvidia-hook.json", "zz-oci-device-hook.json"]
 
 
 # --- the DaemonSet's scripts --------------------------------------------------------------------------------
