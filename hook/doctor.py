@@ -277,7 +277,7 @@ def check_containerd(config: Path, libexec: str = LIBEXEC) -> Check:
     fix = "run the installer (packaging/kubernetes) and restart containerd"
     runc = [h for h in found if h.runtime_type in RUNC_TYPES]
     if not runc:
-        return Check("containerd", False, f"{config}: no runc runtime handler (version {version})", fix)
+        return Check("containerd", False, f"{config}: containerd's implicit runc handler not registered", fix)
     ours = {f"{libexec}/runtime"} | {f"{libexec}/handlers/{h.name}" for h in runc}
     missing = [h.name for h in runc if h.binary not in ours]
     listed = ", ".join(f"{h.name}{' (default)' if h.default else ''}" for h in runc)

@@ -595,3 +595,16 @@ def _podman_case(node: Node, tree: Path, short: Path) -> None:
     run = _podman(short, node.hooks, rootfs, "--privileged")
     assert run.returncode == 0, run.stderr
     assert len(node.log.read_text().splitlines()) == lines
+
+
+def test_doctor_containerd_states(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    assert doctor.check_containerd(cfg).ok  # absent: not a containerd node
+    cfg.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  bin_dir = "/usr/lib/cni"\n')
+    bare = doctor.check_containerd(cfg)
+    assert not bare.ok and "implicit runc handler not registered" in bare.detail
+    new, _ = engines.register_containerd(cfg.read_text(), str(cfg), {}, f"{doctor.LIBEXEC}/runtime")
+    cfg.write_text(new)
+    assert doctor.check_containerd(cfg).ok
+    cfg.write_text("version = 1\n[plugins.cri]\n")
+    assert "version 1 is not supported" in doctor.check_containerd(cfg).detail
