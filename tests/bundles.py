@@ -213,24 +213,27 @@ def hook_cli(*args: str, stdin: bytes = b"", cwd: Path | None = None) -> subproc
     )
 
 
-# Live mode writes its fast-path cache under /run/oci-device-hook: as root, give it a private /run.
-_PRIVATE_RUN = [
-    "unshare",
-    "-m",
-    "--propagation",
-    "private",
-    "sh",
-    "-c",
-    'mount -t tmpfs tmpfs /run && exec "$@"',
-    "sh",
-]
+# Live mode writes its fast-path cache under /run/oci-device-hook: give it a private /run (root only).
+PRIVATE_RUN = (
+    []
+    if os.geteuid() != 0 or shutil.which("unshare") is None
+    else [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs tmpfs /run && exec "$@"',
+        "sh",
+    ]
+)
 
 
 def hook_live(stdin: bytes, *args: str) -> subprocess.CompletedProcess[bytes]:
     """Live mode: the real console script with the state on stdin (as root, in a private /run)."""
-    wrap = _PRIVATE_RUN if os.geteuid() == 0 and shutil.which("unshare") else []
     return subprocess.run(
-        [*wrap, *_hook_exe(), *args], input=stdin, capture_output=True, timeout=60, check=False
+        [*PRIVATE_RUN, *_hook_exe(), *args], input=stdin, capture_output=True, timeout=60, check=False
     )
 
 

@@ -4,6 +4,7 @@ no decision modules); anything that needs a decision takes the full path."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hook.entry import needs_decision
-from tests.bundles import config, gen, state, write_bundle
+from tests.bundles import PRIVATE_RUN, config, gen, state, write_bundle
 
 # The log is stubbed (as module hook.log) so a slow-path run writes nothing outside tmp.
 PROBE = """
@@ -21,7 +22,10 @@ stub = types.ModuleType("hook.log")
 stub.write_log = lambda record, path, max_bytes=0: calls.append(record["verdict"])
 sys.modules["hook.log"] = stub
 sys.argv = ["hook"]
+import os
+import hook.entry
 from hook.entry import main
+hook.entry.DEFAULT_SETTINGS = os.environ.get("ODH_PROBE_SETTINGS", hook.entry.DEFAULT_SETTINGS)
 rc = main()
 top = ("click", "yaml", "pynvml", "hook")
 mods = sorted(m for m in sys.modules if m.split(".")[0] in top and m != "hook.log")
@@ -31,9 +35,18 @@ print(rc)
 """
 
 
-def probe(stdin: bytes) -> tuple[list[str], list[str], int]:
+def probe(
+    stdin: bytes, settings: str = "/nonexistent/oci-device-hook.yaml"
+) -> tuple[list[str], list[str], int]:
+    """Run ``main()`` as the live hook; the fast path reads ``settings`` (default: none, whatever this
+    host has in /etc), and /run is private (the slow path may compile a fast-path cache there)."""
     res = subprocess.run(
-        [sys.executable, "-I", "-c", PROBE], input=stdin, capture_output=True, timeout=60, check=False
+        [*PRIVATE_RUN, sys.executable, "-I", "-c", PROBE],
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "ODH_PROBE_SETTINGS": settings},
     )
     assert res.stderr == b"", res.stderr
     mods, calls, rc = res.stdout.decode().splitlines()
@@ -41,8 +54,6 @@ def probe(stdin: bytes) -> tuple[list[str], list[str], int]:
 
 
 def test_no_device_container_loads_only_the_entry(tmp_path: Path) -> None:
-    if Path("/etc/oci-device-hook/config.yaml").exists():
-        pytest.skip("this host has a settings file: the fast path is off by design")
     bundle = write_bundle(tmp_path / "b", config(["LANG=C"], devices=[gen.node("/dev/fuse", 10, 229)]))
     mods, calls, rc = probe(state(bundle, pid=4242))
     assert (mods, calls, rc) == (["hook", "hook.entry"], [], 0)

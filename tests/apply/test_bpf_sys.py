@@ -165,3 +165,11 @@ def test_every_built_program_passes_the_verifier(
 ) -> None:
     """The verifier rejects unreachable code and unset R0; no rule list may produce either."""
     os.close(_load(rules, default_allow, runc_program if wrap else None))
+
+
+def test_bpf_syscall_numbers_are_the_kernels() -> None:
+    """``__NR_bpf`` per architecture (the kernel's syscall tables: arch/x86/entry/syscalls/syscall_64.tbl,
+    include/uapi/asm-generic/unistd.h for arm64 and riscv, arch/powerpc/.../syscall.tbl,
+    arch/s390/kernel/syscalls/syscall.tbl): only this machine's is exercised by the other tests."""
+    nr_bpf = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
+    assert dict(bpf_sys._SYSCALL_NR) == nr_bpf
