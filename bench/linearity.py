@@ -13,7 +13,7 @@ from typing import Any
 
 from bench import bundles, hosts
 
-__all__ = ["check_effect_times", "measure"]
+__all__ = ["check_effect_times", "measure", "reference_times"]
 
 
 def _decide_once(root: Path, bundle: Path, cache: Path, empty: Path) -> float:
@@ -63,5 +63,21 @@ def check_effect_times(n: int) -> float:
     for _ in range(3):
         start = time.perf_counter()
         check_effect(entries, rules)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def reference_times(n: int) -> float:
+    """Best seconds of a plainly linear workload of the same shape as ``check_effect_times(n)``
+    (tuple keys into dicts, 16n operations): on a small shared machine, memory effects alone make
+    4x the data cost far more than 4x the time, so growth is judged against this."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        table: dict[tuple[str, int, int], int] = {}
+        for bit in range(8):
+            for minor in range(2 * n):
+                key = ("c", 195, minor)
+                table[key] = table.get(key, 0) | bit
         best = min(best, time.perf_counter() - start)
     return best

@@ -229,10 +229,12 @@ class Bench:
                    f"{small * 1000:.2f} ms -> {large * 1000:.2f} ms = {large / small:.2f}x for {factor:.2f}x "
                    "the nodes (limit 1.25x linear)")
         small, large = linearity.check_effect_times(256), linearity.check_effect_times(1024)
+        ref = linearity.reference_times(1024) / linearity.reference_times(256)
         self.check("(5) linear: `cgroup_v1.check_effect`, 1,024 vs 256 rules",
-                   large <= small * 4 * 1.5,
-                   f"{small * 1000:.2f} ms -> {large * 1000:.2f} ms = {large / small:.2f}x for 4x the rules "
-                   "(limit 1.5x linear)")
+                   large / small <= ref * 2.5,
+                   f"{small * 1000:.2f} ms -> {large * 1000:.2f} ms = {large / small:.2f}x for 4x the rules; "
+                   f"a plainly linear dict workload of the same shape grew {ref:.2f}x here (limit 2.5x that; "
+                   "quadratic is 4x that)")
 
     def hook_alone_rows(self) -> None:
         bundle = bundles.write_bundle(self.tmp / "bundles" / "nodev-alone",
