@@ -8,13 +8,12 @@ nodes always come from /proc of this boot, never from the cache.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
+from hook import cachefile
 from hook.errors import InputError
 from hook.nvidia import nvml, procfs
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
@@ -40,6 +39,8 @@ __all__ = [
 
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 CACHE_NAME: Final = "inventory.json"
+CACHE_FORMAT: Final = 1
+MAX_CACHE_BYTES: Final = 16 << 20
 
 
 @record
@@ -92,42 +93,31 @@ def cache_key(proc: _Proc) -> dict[str, Any] | None:
 
 
 def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, str | None]:
-    """The cached inventory if its key matches; a corrupt file is a miss plus a warning."""
+    """The cached inventory if its key matches; anything odd (see ``hook.cachefile``) is a miss.
+
+    A record of another format or hook version is a silent miss (it is rewritten); one of this
+    version that does not parse is a miss plus a warning.
+    """
     path = cache_dir / CACHE_NAME
-    try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    data = cachefile.read(str(cache_dir), CACHE_NAME, MAX_CACHE_BYTES)
+    if data is None:
         return None, None
-    except (OSError, ValueError) as exc:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
         return None, f"{path}: ignored unreadable cache: {exc}"
-    if not isinstance(data, dict) or data.get("key") != key:
+    if not cachefile.current(doc, "inventory", CACHE_FORMAT) or doc.get("key") != key:
         return None, None
     try:
-        return Inventory.from_json(data.get("inventory"), str(path)), None  # type: ignore[arg-type]
-    except InputError as exc:
+        return Inventory.from_json(doc.get("inventory"), str(path)), None
+    except (InputError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, f"ignored corrupt cache: {exc}"
 
 
 def write_cache(cache_dir: Path, key: dict[str, Any], inv: Inventory) -> str | None:
-    """Write atomically (temp file + fsync + rename); a failure is returned as a warning."""
-    payload = json.dumps({"key": key, "inventory": inv.to_json()}, sort_keys=True).encode()
-    tmp = None
-    try:
-        cache_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        import tempfile  # only a cache miss writes
-
-        fd, tmp = tempfile.mkstemp(prefix=".inventory.", dir=cache_dir)
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, cache_dir / CACHE_NAME)
-    except OSError as exc:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        return f"{cache_dir / CACHE_NAME}: cache not written: {exc.strerror or exc}"
-    return None
+    """Write through ``hook.cachefile`` (0700 dir, O_EXCL temp file, rename); a failure is a warning."""
+    record = {**cachefile.stamp("inventory", CACHE_FORMAT), "key": key, "inventory": inv.to_json()}
+    return cachefile.write(str(cache_dir), CACHE_NAME, json.dumps(record, sort_keys=True).encode())
 
 
 def _proc_migs(
