@@ -179,10 +179,7 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
         raise InputError(str(path), "", exc.strerror or str(exc)) from None
     compiled = _compiled(path)
     if compiled is not None:
-        try:
-            return parse_settings(compiled, str(path))
-        except InputError:
-            pass  # a record this hook cannot read back is a miss: parse the file itself
+        return compiled
     return parse_settings(parse_yaml(data, str(path)), str(path))
 
 
@@ -213,8 +210,9 @@ def parse_yaml(data: bytes, source: str) -> Any:
         raise InputError(source, where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
 
 
-def _compiled(path: Path) -> dict[str, object] | None:
-    """The settings document compiled from this very file (same path and identity), or None."""
+def _compiled(path: Path) -> Settings | None:
+    """The settings compiled from this very file (same path and identity), or None; a record
+    this hook cannot read back (planted, or another version's) is a miss like any other."""
     import os
 
     from hook.entry import fastpath_record
@@ -225,7 +223,12 @@ def _compiled(path: Path) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     entry = fastpath_record(_cachefile().read(directory, name, FASTPATH_MAX), str(path), st)
-    return None if entry is None else entry["settings"]
+    if entry is None:
+        return None
+    try:
+        return parse_settings(entry["settings"], str(path))
+    except InputError:
+        return None
 
 
 def _cachefile() -> Any:
