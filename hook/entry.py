@@ -18,7 +18,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: the fast path canno
 if TYPE_CHECKING:
     from typing import Any
 
-TOOLS = frozenset({"inventory", "cdi", "doctor"})
+TOOLS = frozenset({"inventory", "cdi", "doctor", "settings"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
 OTHER_STAGES = frozenset({"createContainer", "startContainer", "poststart", "poststop"})
 VALUE_OPTIONS = frozenset({"--config", "--driver-root", "--cdi-spec-dir", "--inventory", "--format"})
