@@ -1,4 +1,4 @@
-"""Regenerate the bundled examples: the seed 000 node (8 x H100, MIG on card 0) and five bundles.
+"""Regenerate the bundled examples: the seed 000 node (8 x H100, MIG on card 0) and its bundles.
 
 Run from the repo root: ``python3 examples/generate.py``. The node is written as an inventory
 snapshot and NVIDIA-style CDI specs (explicit major/minor, so simulation needs no device nodes);
@@ -181,6 +181,51 @@ def bundles() -> dict[str, dict[str, object]]:
     }
 
 
+GPU2_UUID = "GPU-5c7e1d92-0b4a-4f3e-a6d8-91c2b7e4f058"  # host index 2, /dev/nvidia2
+CUDA_IMAGE_ENV = [
+    "NVIDIA_VISIBLE_DEVICES=all",  # baked into CUDA base images
+    "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+    "CUDA_VERSION=12.4.1",
+]
+K8S_POD = {  # containerd's CRI annotations for pod ml/train-0, container cuda
+    "io.kubernetes.cri.sandbox-namespace": "ml",
+    "io.kubernetes.cri.sandbox-name": "train-0",
+    "io.kubernetes.cri.sandbox-uid": "0b7e5d2c-4a91-4f3e-8c6d-1e2f3a4b5c6d",
+    "io.kubernetes.cri.container-name": "cuda",
+}
+
+
+def k8s_bundles() -> dict[str, dict[str, object]]:
+    """The Kubernetes pair: the same CUDA image in a pod that asked for no GPU, and in one the
+    device plugin allocated GPU 2 to (volume-mounts strategy: the plugin's env after the image's)."""
+    root = "/var/run/nvidia-container-devices"
+    mount = {
+        "destination": f"{root}/{GPU2_UUID}",
+        "type": "bind",
+        "source": "/dev/null",
+        "options": ["rbind", "ro"],
+    }
+    return {
+        "k8s-image-env": config(
+            CUDA_IMAGE_ENV,
+            privileged=False,
+            caps=POD_CAPS,
+            devices=[],
+            rules=DEFAULT_RULES,
+            annotations=K8S_POD,
+        ),
+        "k8s-allocated": config(
+            [*CUDA_IMAGE_ENV, f"NVIDIA_VISIBLE_DEVICES={root}"],
+            privileged=False,
+            caps=POD_CAPS,
+            devices=[],
+            rules=DEFAULT_RULES,
+            annotations=K8S_POD,
+            mounts=[mount],
+        ),
+    }
+
+
 def write(path: Path, obj: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -193,7 +238,7 @@ def main() -> None:
     NODE.mkdir(parents=True, exist_ok=True)
     (NODE / "inventory.json").write_text(dumps(inv))
     write(NODE / "cdi" / "nvidia.json", cdi_spec())
-    for name, cfg in bundles().items():
+    for name, cfg in {**bundles(), **k8s_bundles()}.items():
         write(HERE / name / "config.json", cfg)
         (HERE / name / "rootfs").mkdir(exist_ok=True)
         (HERE / name / "rootfs" / ".keep").touch()

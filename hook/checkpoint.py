@@ -12,13 +12,34 @@ import json
 from collections.abc import Mapping
 
 from hook.errors import InputError
-from hook.record import record
+from hook.record import field, record
 
-__all__ = ["Allocation", "parse_checkpoint", "find_allocations", "pod_identity"]
+__all__ = [
+    "Allocation",
+    "Pod",
+    "Kubelet",
+    "KNOWN_PATHS",
+    "parse_checkpoint",
+    "find_allocations",
+    "pod_identity",
+    "pod_of",
+]
 
-# Annotations that carry the pod UID and the container name (containerd, then CRI-O/kubelet).
+# Annotations that carry the pod identity: containerd's CRI plugin writes io.kubernetes.cri.*,
+# CRI-O (and the kubelet's container labels it copies) io.kubernetes.pod.* / .container.*.
 POD_UID_KEYS = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
 CONTAINER_NAME_KEYS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
+NAMESPACE_KEYS = ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace")
+POD_NAME_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name")
+
+# Where kubelets keep the checkpoint: upstream default (--root-dir /var/lib/kubelet), k3s/rke2's
+# agent dir, microk8s' snap dir. ``hook doctor`` looks in each; the hook reads kubelet_checkpoint.
+KNOWN_PATHS = (
+    "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+    "/var/lib/rancher/k3s/agent/kubelet/device-plugins/kubelet_internal_checkpoint",
+    "/var/lib/rancher/rke2/agent/kubelet/device-plugins/kubelet_internal_checkpoint",
+    "/var/snap/microk8s/common/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+)
 
 
 @record
@@ -32,6 +53,37 @@ class Allocation:
     envs: Mapping[str, str]
     device_paths: tuple[tuple[str, str], ...]  # (container path, host path)
     cdi_devices: tuple[str, ...]
+    mounts: tuple[tuple[str, str], ...] = ()  # (container path, host path): volume-mounts strategy
+    annotations: Mapping[str, str] = field(default_factory=dict)  # cdi-annotations strategy
+
+
+@record
+class Pod:
+    """A Kubernetes container's identity, from the engine's annotations."""
+
+    uid: str
+    container: str
+    namespace: str  # "" when the keys disagree or are absent: then no namespace is trusted
+    name: str
+
+
+@record
+class Kubelet:
+    """What the kubelet's checkpoint says about one container, and how sure that is.
+
+    ``state``: ``read`` (the file parsed; ``allocations`` is this container's whole allocation,
+    possibly none), or ``absent`` / ``unreadable`` / ``corrupt`` (nothing known).
+    """
+
+    pod: Pod
+    checkpoint: str
+    state: str
+    allocations: tuple[Allocation, ...] = ()
+    dra: bool = False  # the pod has DRA claims, which the device-plugin checkpoint does not list
+
+    @property
+    def known(self) -> bool:
+        return self.state == "read"
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -72,18 +124,32 @@ def _text(sub: bytes, number: int) -> str:
     return next((v.decode() for n, v in _fields(sub) if n == number), "")
 
 
-def _decode_alloc_resp(data: bytes) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
-    envs: dict[str, str] = {}
-    devices: list[tuple[str, str]] = []
-    cdi: list[str] = []
+@record
+class _Resp:
+    envs: dict[str, str] = field(default_factory=dict)
+    devices: list[tuple[str, str]] = field(default_factory=list)
+    cdi: list[str] = field(default_factory=list)
+    mounts: list[tuple[str, str]] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def _decode_alloc_resp(data: bytes) -> _Resp:
+    """``ContainerAllocateResponse``: envs=1 (map), mounts=2 (Mount{container_path, host_path}),
+    devices=3 (DeviceSpec{container_path, host_path, permissions}), annotations=4 (map),
+    cdi_devices=5 (CDIDevice{name}); kubelet's deviceplugin/v1beta1 api.proto."""
+    resp = _Resp()
     for number, sub in _fields(data):
-        if number == 1:  # map<string,string> envs
-            envs[_text(sub, 1)] = _text(sub, 2)
-        elif number == 3:  # DeviceSpec{container_path, host_path, permissions}
-            devices.append((_text(sub, 1), _text(sub, 2)))
-        elif number == 5:  # CDIDevice{name}
-            cdi.append(_text(sub, 1))
-    return envs, devices, cdi
+        if number == 1:
+            resp.envs[_text(sub, 1)] = _text(sub, 2)
+        elif number == 2:
+            resp.mounts.append((_text(sub, 1), _text(sub, 2)))
+        elif number == 3:
+            resp.devices.append((_text(sub, 1), _text(sub, 2)))
+        elif number == 4:
+            resp.annotations[_text(sub, 1)] = _text(sub, 2)
+        elif number == 5:
+            resp.cdi.append(_text(sub, 1))
+    return resp
 
 
 def _entry(e: object, source: str, i: int) -> Allocation:
@@ -95,15 +161,13 @@ def _entry(e: object, source: str, i: int) -> Allocation:
         ids = {"": ids}
     if not isinstance(ids, dict) or not all(isinstance(v, list) for v in ids.values()):
         raise InputError(source, f"{name}.DeviceIDs", "expected a map of NUMA node to IDs")
-    envs: dict[str, str] = {}
-    devices: list[tuple[str, str]] = []
-    cdi: list[str] = []
+    resp = _Resp()
     if e.get("AllocResp"):
         import base64
         import binascii
 
         try:
-            envs, devices, cdi = _decode_alloc_resp(base64.b64decode(e["AllocResp"], validate=True))
+            resp = _decode_alloc_resp(base64.b64decode(e["AllocResp"], validate=True))
         except (ValueError, binascii.Error, UnicodeDecodeError, TypeError) as exc:
             raise InputError(source, f"{name}.AllocResp", f"cannot decode ({exc})") from None
     return Allocation(
@@ -111,29 +175,62 @@ def _entry(e: object, source: str, i: int) -> Allocation:
         container=str(e.get("ContainerName", "")),
         resource=str(e.get("ResourceName", "")),
         device_ids=tuple(sorted({str(d) for v in ids.values() for d in v})),
-        envs=envs,
-        device_paths=tuple(devices),
-        cdi_devices=tuple(cdi),
+        envs=resp.envs,
+        device_paths=tuple(resp.devices),
+        cdi_devices=tuple(resp.cdi),
+        mounts=tuple(resp.mounts),
+        annotations=resp.annotations,
     )
 
 
-def parse_checkpoint(data: bytes, source: str) -> tuple[Allocation, ...]:
+def parse_checkpoint(data: bytes, source: str, only: tuple[str, str] | None = None) -> tuple[Allocation, ...]:
+    """Every entry, or with ``only=(pod_uid, container)`` just that container's: the hook decodes
+    (and so can be failed by) its own container's AllocResp only, not every pod's on the node."""
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(source, "", f"not valid JSON ({exc})") from None
-    entries = obj.get("Data", {}).get("PodDeviceEntries") if isinstance(obj, dict) else None
+    data_obj = obj.get("Data") if isinstance(obj, dict) else None
+    if data_obj is not None and not isinstance(data_obj, dict):
+        raise InputError(source, "Data", "expected an object")
+    entries = (data_obj or {}).get("PodDeviceEntries")
     if entries is None:
         entries = []
     if not isinstance(entries, list):
         raise InputError(source, "Data.PodDeviceEntries", "expected a list")
-    return tuple(_entry(e, source, i) for i, e in enumerate(entries))
+    return tuple(_entry(e, source, i) for i, e in enumerate(entries) if only is None or _is(e, only))
+
+
+def _is(e: object, ident: tuple[str, str]) -> bool:
+    """Whether a raw entry is this container's; a malformed entry is decoded (and reported)."""
+    if not isinstance(e, dict):
+        return True
+    return (str(e.get("PodUID", "")), str(e.get("ContainerName", ""))) == ident
 
 
 def pod_identity(annotations: Mapping[str, str]) -> tuple[str, str] | None:
     uid = next((annotations[k] for k in POD_UID_KEYS if annotations.get(k)), "")
     name = next((annotations[k] for k in CONTAINER_NAME_KEYS if annotations.get(k)), "")
     return (uid, name) if uid and name else None
+
+
+def _one(annotations: Mapping[str, str], keys: tuple[str, ...]) -> str:
+    """The value the engine wrote under any of ``keys``; "" when absent or when two disagree."""
+    values = {annotations[k] for k in keys if annotations.get(k)}
+    return values.pop() if len(values) == 1 else ""
+
+
+def pod_of(annotations: Mapping[str, str]) -> Pod | None:
+    """The container's pod, or None outside Kubernetes (no CRI pod identity in the annotations)."""
+    ident = pod_identity(annotations)
+    if ident is None:
+        return None
+    return Pod(
+        uid=ident[0],
+        container=ident[1],
+        namespace=_one(annotations, NAMESPACE_KEYS),
+        name=_one(annotations, POD_NAME_KEYS),
+    )
 
 
 def find_allocations(allocs: tuple[Allocation, ...], pod_uid: str, container: str) -> tuple[Allocation, ...]:

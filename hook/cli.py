@@ -41,16 +41,58 @@ def _merged(ctx: click.Context, /, **kw: Any) -> dict[str, Any]:
     return base
 
 
-def _options(o: dict[str, Any], *, use_cache: bool) -> Any:
-    from hook.gather import DEFAULT_SPEC_DIRS, Options
+def _version() -> str:
+    """The installed distribution's version; the source constant where there is no metadata."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return Options(
-        driver_root=o.get("driver_root") or Path("/"),
-        spec_dirs=tuple(o.get("spec_dirs") or DEFAULT_SPEC_DIRS),
+    try:
+        return version("oci-device-hook")
+    except PackageNotFoundError:
+        from hook.version import VERSION
+
+        return VERSION
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"hook (oci-device-hook) {_version()}")
+        ctx.exit(0)
+
+
+_warned: set[Path] = set()
+
+
+def _warn_missing_dirs(dirs: Any) -> None:
+    """A --cdi-spec-dir that does not exist is a warning (a typo would otherwise look like "no specs")."""
+    for d in dirs or ():
+        if d not in _warned and not Path(d).is_dir():
+            _warned.add(d)
+            click.echo(f"hook: warning: --cdi-spec-dir {d}: no such directory", err=True)
+
+
+def _options(o: dict[str, Any], *, use_cache: bool, resolve: bool = True) -> Any:
+    """Options from the command line; with ``resolve``, what is not given comes from the settings
+    file (``driver_root``, ``cdi_spec_dirs``), or the defaults when that file cannot be read."""
+    from hook.gather import Options, resolved
+
+    _warn_missing_dirs(o.get("spec_dirs"))
+
+    opts = Options(
+        driver_root=o.get("driver_root"),
+        spec_dirs=tuple(o.get("spec_dirs") or ()),
         inventory_file=o.get("inventory_file"),
         settings_file=o.get("config_file"),
         use_cache=use_cache,
     )
+    if not resolve or (opts.driver_root is not None and opts.spec_dirs):
+        return opts
+    from hook.settings import DEFAULT_PATH, Settings, load_settings
+
+    try:
+        settings = load_settings(opts.settings_file or DEFAULT_PATH)
+    except HookError:
+        settings = Settings()  # a tool still runs; the decision paths report the file's error
+    return resolved(opts, settings)
 
 
 def _finish(text: str, code: int) -> None:
@@ -64,6 +106,14 @@ def _finish(text: str, code: int) -> None:
 @click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), help="simulate for this bundle")
 @click.option("--state", "state_file", type=PathArg, help="OCI state file (default: made from the bundle)")
 @click.option("--output-config", type=PathArg, help="write the config.json with the decision folded in")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="print the version and exit",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -90,7 +140,7 @@ def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_c
 
     state = read_state_file(state_file) if state_file else state_from_bundle(bundle)
     state = replace(state, bundle=str(bundle))
-    inputs = load_inputs(state, _options(o, use_cache=False))
+    inputs = load_inputs(state, _options(o, use_cache=False, resolve=False))
     plan = decide(inputs)
     report = build_report(inputs, plan)
     if output_config is not None:
@@ -100,20 +150,13 @@ def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_c
 
 
 def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
-    from hook.requests import Kind
-    from hook.specwriter import fold_plan
+    """The config ``hook precreate`` would hand the runtime (the same fold: ``precreate.decided_config``)."""
+    from hook.precreate import decided_config
 
-    config = dict(inputs.config.raw)
-    names = [r.value for r in inputs.requests.items if r.kind is Kind.CDI]
-    if names:
-        from hook.cdi.edits import apply_to_config
-        from hook.cdi.hostnodes import fill
-        from hook.cdi.registry import Registry
-
-        registry = Registry.load(list(_options(o, use_cache=False).spec_dirs), None)
-        config = apply_to_config(config, fill(registry.resolve(names), o.get("driver_root") or Path("/")))
+    opts = _options(o, use_cache=False)
+    config = decided_config(inputs, plan, opts.driver_root, opts.spec_dirs)
     try:
-        out.write_text(json.dumps(fold_plan(config, plan), indent=2, sort_keys=True) + "\n")
+        out.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
         raise HookError(str(out), "", exc.strerror or str(exc)) from None
 
@@ -128,7 +171,7 @@ def inventory(ctx: click.Context, /, **kw: Any) -> None:
     o = _merged(ctx, **kw)
     _finish(
         *cmd_inventory(
-            o.get("driver_root") or Path("/"), o.get("inventory_file"), None, o.get("fmt") or "json"
+            _options(o, use_cache=False).driver_root, o.get("inventory_file"), None, o.get("fmt") or "json"
         )
     )
 
@@ -146,7 +189,11 @@ def cdi_list(ctx: click.Context, /, **kw: Any) -> None:
     from hook.cdi.commands import cmd_list
 
     o = _merged(ctx.find_root(), **kw)
-    _finish(*cmd_list(list(_options(o, use_cache=False).spec_dirs), o.get("fmt") or "text"))
+    dirs = list(_options(o, use_cache=False).spec_dirs)
+    text, code = cmd_list(dirs, o.get("fmt") or "text")
+    if not text.strip():
+        text = f"no CDI specs in {', '.join(map(str, dirs))}\n"
+    _finish(text, code)
 
 
 @cdi.command("validate")
@@ -177,8 +224,11 @@ def cdi_resolve(ctx: click.Context, /, names: tuple[str, ...], **kw: Any) -> Non
 @cli.command()
 @_common
 @click.option("--hooks-dir", "hooks_dirs", type=PathArg, multiple=True, help="hooks.d directory to check")
+@click.option("--containerd-config", type=PathArg, help="containerd config to check")
 @click.pass_context
-def doctor(ctx: click.Context, /, hooks_dirs: tuple[Path, ...], **kw: Any) -> None:
+def doctor(
+    ctx: click.Context, /, hooks_dirs: tuple[Path, ...], containerd_config: Path | None, **kw: Any
+) -> None:
     """Check this node's readiness: driver, CDI specs, cgroups, hooks.d, settings."""
     from hook.doctor import run_doctor
     from hook.settings import DEFAULT_PATH
@@ -196,8 +246,40 @@ def doctor(ctx: click.Context, /, hooks_dirs: tuple[Path, ...], **kw: Any) -> No
             dirs,
             o.get("config_file") or DEFAULT_PATH,
             o.get("fmt") or "text",
+            containerd_config=containerd_config,
         )
     )
+
+
+@cli.command("log")
+@click.option("--config", "config_file", type=PathArg, help="settings file naming the log (log_file)")
+@click.option("--file", "log_file", type=PathArg, help="log file to read (default: the settings' log_file)")
+@click.option("--since", default="", help="today, yesterday, 2h, 30m, 7d, or a date/RFC 3339 time")
+@click.option("--verdict", "verdicts", multiple=True, type=click.Choice(["none", "apply", "deny", "error"]))
+@click.option("--narrowed", is_flag=True, help="only containers narrowed to their allocation")
+@click.option("--namespace", default="", help="only pods of this namespace")
+@click.option("--pod", default="", help="only this pod (name)")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), help="output format")
+@click.pass_context
+def log_cmd(
+    ctx: click.Context,
+    /,
+    config_file: Path | None,
+    log_file: Path | None,
+    fmt: str | None,
+    **filters: Any,
+) -> None:
+    """Read the decision log: e.g. which containers were narrowed today (--since today --narrowed)."""
+    from hook.logread import cmd_log
+
+    if log_file is None:
+        from hook.settings import DEFAULT_PATH, load_settings
+
+        root = ctx.find_root().obj or {}
+        path = config_file or root.get("config_file")
+        settings = load_settings(path or DEFAULT_PATH, required=bool(path))
+        log_file = Path(settings.log_file)
+    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", **filters))
 
 
 @cli.group("settings")

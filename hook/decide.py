@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from hook.hostdev import HOST_DEV, shared_mount
 from hook.oci import OciConfig
 from hook.plan import Node, Plan, Verdict
 from hook.record import field, record
@@ -43,6 +44,7 @@ class Inputs:
     host_accelerators: tuple[Node, ...] = ()
     specific_mig: bool = False
     warnings: tuple[str, ...] = field(default=())
+    host_dev: tuple[str, ...] = (HOST_DEV,)  # the host's /dev directories (hostdev.host_dev_roots)
 
 
 @record
@@ -65,15 +67,26 @@ def _config_nodes(config: OciConfig) -> tuple[Node, ...]:
     )
 
 
+def _rules_open(rules: Sequence[Rule], node: Node) -> bool:
+    """The container's own rules let it read or write ``node`` (``m`` alone opens nothing)."""
+    kind = DeviceType(node.type)
+    return any(evaluate(rules, kind, node.major, node.minor, a) for a in (Access.R, Access.W))
+
+
 def container_facts(inputs: Inputs) -> Facts:
     config = inputs.config
     privileged = is_privileged(config.resource_rules)
     requested = {g.key for gs in inputs.grants.values() for g in gs}
-    extra = tuple(
-        n
-        for n in _config_nodes(config)
-        if is_accelerator(n.path, inputs.settings.accelerator_nodes) and _key(n) not in requested
-    )
+    patterns = inputs.settings.accelerator_nodes
+    found: dict[tuple[str, int, int], Node] = {}
+    for n in _config_nodes(config):
+        if is_accelerator(n.path, patterns) and _key(n) not in requested:
+            found.setdefault(_key(n), n)
+    if inputs.requests.bounded and not privileged:  # also what linux.resources.devices allows
+        for n in inputs.host_accelerators:
+            if _key(n) not in requested and _rules_open(config.resource_rules, n):
+                found.setdefault(_key(n), n)
+    extra = tuple(found.values())
     return Facts(
         privileged=privileged,
         sys_admin=has_sys_admin(config),
@@ -136,16 +149,23 @@ def _additions(
     return rules, create
 
 
-def _narrowing(inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant]) -> tuple[list[Rule], list[str]]:
+def _narrowing(
+    inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant], privileged: bool
+) -> tuple[list[Rule], list[str], list[str]]:
     """Deny every accelerator node outside the allocation; one exact rule each (v1 cannot re-allow
-    inside a denied wildcard), and remove the ones the engine put in the container."""
+    inside a denied wildcard), and remove the ones the engine put in the container. The third
+    value names the denied nodes, so the log says what was denied, not just how many.
+
+    An unprivileged container is denied ``rw`` only: runc's default ``c *:* m`` keeps ``m`` on
+    every char device in a v1 cgroup, so a ``rwm`` deny could never take full effect there."""
+    access = Access.RWM if privileged else Access.R | Access.W
     patterns = inputs.settings.accelerator_nodes
     candidates = [*inputs.host_accelerators, *_config_nodes(inputs.config)]
     deny: dict[tuple[str, int, int], Node] = {}
     for n in candidates:
         if is_accelerator(n.path, patterns) and _key(n) not in allowed:
             deny.setdefault(_key(n), n)
-    rules = [_rule(deny[k], False) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
+    rules = [_rule(deny[k], False, access) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
     remove = sorted(
         {
             d.path
@@ -153,11 +173,41 @@ def _narrowing(inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant]) ->
             if is_accelerator(d.path, patterns) and (d.type, d.major, d.minor) in deny
         }
     )
-    return rules, remove
+    return rules, remove, sorted({deny[k].path for k in deny})
+
+
+def _off_host_dev(
+    inputs: Inputs, create: list[Node], remove: list[str], warnings: list[str]
+) -> tuple[list[Node], list[str]]:
+    """Drop node changes that would land on the host's own /dev (a bind mount of it): there the
+    cgroup rules alone narrow, and ``warnings`` says which mount made it so."""
+    config = inputs.config
+    dropped: dict[int, int] = {}
+    labels: dict[int, str] = {}
+
+    def on_host(path: str) -> bool:
+        found = shared_mount(config.mounts, path, inputs.host_dev)
+        if found is None:
+            return False
+        i, m = found
+        dropped[i] = dropped.get(i, 0) + 1
+        labels[i] = f"mounts[{i}] {m.type or 'bind'} {m.source or m.type} at {m.destination}"
+        return True
+
+    kept_create = [n for n in create if not on_host(n.path)]
+    kept_remove = [p for p in remove if not on_host(p)]
+    for i in sorted(dropped):
+        warnings.append(
+            f"{config.source}: {labels[i]} is the host's /dev: narrowing there is cgroup-only, "
+            f"{dropped[i]} node(s) left as they are"
+        )
+    return kept_create, kept_remove
 
 
 def _allocation_names(requests: Requests) -> str:
     vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin]
+    if not vals:
+        return "(none: the kubelet allocated this container no GPU)"
     return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
 
 
@@ -173,7 +223,7 @@ def decide(inputs: Inputs) -> Plan:
     if refusal:
         return _plan(Verdict.DENY, refusal, warnings)
     reqs = inputs.requests
-    plugin_widened = reqs.from_plugin and facts.widened
+    plugin_widened = (reqs.from_plugin or reqs.bounded) and facts.widened
     if facts.privileged and not reqs.from_plugin:
         return _plan(
             Verdict.NONE,
@@ -190,8 +240,9 @@ def decide(inputs: Inputs) -> Plan:
     wanted = _grants(inputs, keep)
     rules, create = _additions(inputs.config, wanted)
     remove: list[str] = []
+    denied: list[str] = []
     if plugin_widened:
-        deny_rules, remove = _narrowing(inputs, wanted)
+        deny_rules, remove, denied = _narrowing(inputs, wanted, facts.privileged)
         if inputs.settings.privileged_allocation is Policy.AUDIT:
             warnings.append(
                 f"audit: would deny {len(deny_rules)} accelerator node(s) outside {_allocation_names(reqs)}"
@@ -199,19 +250,28 @@ def decide(inputs: Inputs) -> Plan:
             remove = []  # audit changes nothing: the removals are part of what it only reports
         else:
             rules += deny_rules
+    create, remove = _off_host_dev(inputs, create, remove, warnings)
     if not (rules or create or remove):
         if plugin_widened:  # only audit gets here: narrowing always denies
             why = (
                 f"widened beyond its plugin allocation {_allocation_names(reqs)}; left as is (policy: audit)"
             )
+        elif not reqs.items and reqs.ignored_env:
+            why = f"no device requested: {' and '.join(reqs.ignored_env)} is no request here (see warnings)"
         elif not reqs.items:
             why = "no device requested"
         else:
             why = "the container already has exactly what it asked for"
-        return _plan(Verdict.NONE, why, warnings)
+        return _plan(Verdict.NONE, why, warnings, denied=tuple(denied))
     reason = _reason(facts, plugin_widened, reqs, rules, create, remove)
     return _plan(
-        Verdict.APPLY, reason, warnings, rules=tuple(rules), create=tuple(create), remove=tuple(remove)
+        Verdict.APPLY,
+        reason,
+        warnings,
+        rules=tuple(rules),
+        create=tuple(create),
+        remove=tuple(remove),
+        denied=tuple(denied),
     )
 
 

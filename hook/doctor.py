@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hook.record import asdict, record
 
@@ -23,12 +24,15 @@ __all__ = [
     "check_cgroup",
     "check_driver",
     "check_hooks",
+    "check_kubelet",
     "check_settings",
     "render",
     "run_doctor",
 ]
 
 HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
+LIBEXEC = "/usr/libexec/oci-device-hook"
+CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
 HOOKS_FILE = "oci-device-hook.json"
 DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 HOOK_STAGES = frozenset({"prestart", "createRuntime"})
@@ -210,6 +214,75 @@ def check_hooks(hooks_dirs: Sequence[Path]) -> Check:
     return Check("hooks.d", True, f"{path} → {json.loads(path.read_text())['hook']['path']}")
 
 
+def _hooks_docs(hooks_dirs: Sequence[Path]) -> dict[str, Any]:
+    """File name → decoded hooks.d JSON as an engine sees them (a later dir's file replaces one
+    of the same name)."""
+    docs: dict[str, Any] = {}
+    for directory in hooks_dirs:
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob("*.json")):
+            try:
+                docs[path.name] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+    return docs
+
+
+def check_hooks_order(hooks_dirs: Sequence[Path], libexec: str = LIBEXEC) -> Check:
+    """CRI-O/podman: which stage (mode) our hooks.d file registers, and that it runs after
+    NVIDIA's hook in a stage they share (engines order a stage's hooks by file name)."""
+    from hook.engines import hooks_order
+
+    docs = _hooks_docs(hooks_dirs)
+    ours = [n for n, d in docs.items() if isinstance(d, dict) and _is_our_hook(d, libexec)]
+    if not ours:
+        return Check("hooks.d order", True, "not registered through hooks.d (nothing to order)")
+    stages = sorted({str(s) for n in ours for s in docs[n].get("stages") or ()})
+    mode = ", ".join(f"{s} ({'spec level' if s == 'precreate' else 'live'})" for s in stages)
+    order = hooks_order(docs, [HOOK_PATH, *(str(docs[n]["hook"]["path"]) for n in ours)])
+    for stage, names in order.items():
+        mine = [i for i, n in enumerate(names) if n in ours]
+        theirs = [i for i, n in enumerate(names) if n not in ours]
+        if mine and theirs and min(mine) < max(theirs):
+            return Check(
+                "hooks.d order",
+                False,
+                f"{stage}: {' then '.join(names)}: ours runs before NVIDIA's hook",
+                "reinstall (the installer names the file zz-oci-device-hook.json when NVIDIA's is present)",
+            )
+    after = " after NVIDIA's hook" if any(len(v) > 1 for v in order.values()) else ""
+    return Check("hooks.d order", True, f"{', '.join(ours)}: {mode}{after}")
+
+
+def _is_our_hook(doc: dict[str, Any], libexec: str) -> bool:
+    hook = doc.get("hook")
+    path = hook.get("path") if isinstance(hook, dict) else None
+    return path in (HOOK_PATH, f"{libexec}/hook")
+
+
+def check_containerd(config: Path, libexec: str = LIBEXEC) -> Check:
+    """containerd: every runc-type runtime handler runs the runtime wrapper (spec-level mode)."""
+    from hook.engines import RUNC_TYPES, handlers
+
+    if not config.exists():
+        return Check("containerd", True, f"{config} absent: containerd not configured on this node")
+    try:
+        version, found = handlers(config.read_text(), str(config))
+    except Exception as exc:  # a doctor reports; it never crashes on what it inspects
+        return Check("containerd", False, str(exc), "fix the config, then run the installer")
+    fix = "run the installer (packaging/kubernetes) and restart containerd"
+    runc = [h for h in found if h.runtime_type in RUNC_TYPES]
+    if not runc:
+        return Check("containerd", False, f"{config}: no runc runtime handler (version {version})", fix)
+    ours = {f"{libexec}/runtime"} | {f"{libexec}/handlers/{h.name}" for h in runc}
+    missing = [h.name for h in runc if h.binary not in ours]
+    listed = ", ".join(f"{h.name}{' (default)' if h.default else ''}" for h in runc)
+    if missing:
+        return Check("containerd", False, f"{config}: handler(s) {', '.join(missing)} not registered", fix)
+    return Check("containerd", True, f"{config} (version {version}): {listed} run the wrapper (spec level)")
+
+
 def check_settings(settings_file: Path) -> Check:
     """The settings file is valid YAML with known keys (a missing file means defaults)."""
     try:
@@ -225,6 +298,13 @@ def check_settings(settings_file: Path) -> Check:
         return Check("settings", False, str(exc), f"fix or comment out the key in {settings_file}")
     policy = getattr(settings, "privileged_allocation", "?")
     return Check("settings", True, f"{settings_file}: valid (privileged_allocation={policy})")
+
+
+def check_kubelet(settings_file: Path, root: Path = Path("/")) -> Check:
+    """The checkpoint the hook reads is where this node's kubelet writes it (hook.kubeletcheck)."""
+    from hook.kubeletcheck import kubelet_coverage
+
+    return Check("kubelet", *kubelet_coverage(settings_file, root))
 
 
 def render(checks: Sequence[Check], fmt: str) -> str:
@@ -249,13 +329,27 @@ def run_doctor(
     fmt: str,
     *,
     mounts_file: Path = Path("/proc/self/mounts"),
+    containerd_config: Path | None = None,
+    host_root: Path = Path("/"),
 ) -> tuple[str, int]:
-    """Run every check; return the report and the exit status (1 when any check failed)."""
+    """Run every check; return the report and the exit status (1 when any check failed).
+
+    hooks.d (CRI-O, podman) and containerd are checked each; a node needs one of them, so the
+    one that is not registered fails only when the other is not registered either."""
+    engines = [
+        check_hooks(hooks_dirs),
+        check_hooks_order(hooks_dirs),
+        check_containerd(containerd_config or CONTAINERD_CONFIG),
+    ]
+    containerd = engines[2]
+    if not engines[0].ok and containerd.ok and "absent" not in containerd.detail:
+        engines[0] = Check(engines[0].name, True, f"not used: {engines[0].detail} (containerd is registered)")
     checks = [
         check_driver(driver_root),
         check_cdi(spec_dirs),
         check_cgroup(mounts_file),
-        check_hooks(hooks_dirs),
+        *engines,
         check_settings(settings_file),
+        check_kubelet(settings_file, host_root),
     ]
     return render(checks, fmt), 0 if all(c.ok for c in checks) else 1

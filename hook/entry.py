@@ -18,10 +18,26 @@ TYPE_CHECKING = False  # typing is not imported at run time: the fast path canno
 if TYPE_CHECKING:
     from typing import Any
 
-TOOLS = frozenset({"inventory", "cdi", "doctor", "settings"})
+TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "settings"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
 OTHER_STAGES = frozenset({"createContainer", "startContainer", "poststart", "poststop"})
 VALUE_OPTIONS = frozenset({"--config", "--driver-root", "--cdi-spec-dir", "--inventory", "--format"})
+FLAG_OPTIONS = frozenset({"--log", "--help", "-h"})  # live mode's flags (``--log``: log even by hand)
+LIVE_HELP = """Usage: hook [prestart|createRuntime] [OPTIONS] < STATE
+
+  Live mode, as an OCI runtime runs it: reads the container's OCI state JSON on stdin, decides,
+  and applies the decision to the starting container. The stages createContainer,
+  startContainer, poststart and poststop are a no-op. Simulate instead with: hook --bundle DIR
+  Spec level: hook precreate [OPTIONS] < config.json > decided config.json
+
+Options:
+  --config FILE          settings file (YAML)
+  --driver-root DIR      where driver files and host nodes are read
+  --cdi-spec-dir DIR     CDI spec dir, lowest first (repeatable)
+  --inventory FILE       saved `hook inventory` JSON
+  --log                  append to the log even when run from a terminal
+  -h, --help             show this message
+"""
 DEFAULT_SETTINGS = "/etc/oci-device-hook/config.yaml"
 DEFAULT_PREFIXES = ("cdi.k8s.io/",)
 DEFAULT_MOUNT_ROOT = "/var/run/nvidia-container-devices"
@@ -30,7 +46,12 @@ FASTPATH_FORMAT = 2  # 2: one entry per settings file, with the hook's version
 FASTPATH_MAX = 256 << 10
 MAX_STATE = 1 << 20
 MAX_CONFIG = 16 << 20
-NVIDIA_ENVS = ("NVIDIA_VISIBLE_DEVICES=", "NVIDIA_MIG_CONFIG_DEVICES=", "NVIDIA_MIG_MONITOR_DEVICES=")
+NVIDIA_ENVS = (
+    "NVIDIA_VISIBLE_DEVICES=",
+    "NVIDIA_MIG_CONFIG_DEVICES=",
+    "NVIDIA_MIG_MONITOR_DEVICES=",
+    "NVIDIA_IMEX_CHANNELS=",
+)
 # Nodes every engine may add to any container; anything else in linux.devices takes the slow path.
 PLAIN_NODES = frozenset(
     {
@@ -64,14 +85,37 @@ def _split(argv: list[str]) -> tuple[dict[str, list[str]], list[str]] | None:
                     return None
                 value = argv[i]
             opts.setdefault(name, []).append(value)
+        elif arg in FLAG_OPTIONS:
+            opts.setdefault(arg, []).append("")
         elif arg.startswith("-"):
-            return None  # --bundle, --help, --state, ...: the CLI's business
+            return None  # --bundle, --state, --version, ...: the CLI's business
         else:
             positional.append(arg)
         i += 1
     if len(positional) > 1 or (positional and positional[0] in TOOLS):
         return None
+    if ("--help" in opts or "-h" in opts) and not positional:
+        return None  # `hook --help`: the CLI's own help
     return opts, positional
+
+
+def _unknown_word(word: str) -> int:
+    """A word that is neither an OCI stage nor a subcommand: a usage error, never a silent no-op."""
+    from difflib import get_close_matches
+
+    known = sorted(TOOLS | LIVE_STAGES | OTHER_STAGES | {"precreate"})
+    close = get_close_matches(word, known, n=1, cutoff=0.6) or get_close_matches(
+        word.lower(), [k.lower() for k in known], n=1, cutoff=0.6
+    )
+    hint = ""
+    if close:
+        hint = f"; did you mean {next(k for k in known if k.lower() == close[0].lower())!r}?"
+    shown = word.encode("ascii", "backslashreplace").decode()[:64]
+    sys.stderr.write(
+        f"hook: usage error: {shown!r} is not a subcommand ({', '.join(sorted(TOOLS))}) "
+        f"nor an OCI stage{hint} (see hook --help)\n"
+    )
+    return 2
 
 
 class _Defaults:
@@ -274,12 +318,16 @@ def needs_decision(
         dest = str(m.get("destination", "")) if isinstance(m, dict) else ""
         if "nvidia-container-devices" in dest or (mount_root and dest.startswith(mount_root)):
             return True
+    names = set()
     for entry in (config.get("process") or {}).get("env") or ():
         if isinstance(entry, str) and entry.startswith(NVIDIA_ENVS):
             value = entry.partition("=")[2].strip()
             if value and value != "void":
                 return True
-    return False
+        if isinstance(entry, str):
+            names.add(entry.partition("=")[0])
+    # a legacy CUDA image asks for every GPU (NVIDIA's cuda_image.go): CUDA_VERSION, no REQUIRE_CUDA
+    return "CUDA_VERSION" in names and not names & {"NVIDIA_REQUIRE_CUDA", "NVIDIA_VISIBLE_DEVICES"}
 
 
 def _is_int(v: object) -> bool:
@@ -391,6 +439,43 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
         return False
 
 
+def _precreate_fast(opts: dict[str, list[str]], stdin: bytes) -> bool:
+    """``hook precreate``'s fast path: this config (on stdin) needs no decision, pass it on as is."""
+    fast = _fast_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1])
+    if fast is None:
+        return False
+    try:
+        config = _loads(stdin)
+        if not isinstance(config, dict) or not _well_formed({"bundle": "-"}, config):
+            return False
+        return not needs_decision(config, {}, *fast)
+    except (ValueError, TypeError, AttributeError):
+        return False
+
+
+def _write_out(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+
+
+def precreate(opts: dict[str, list[str]]) -> int:
+    """Config in on stdin, decided config out on stdout (hooks.d ``precreate``, the runtime wrapper)."""
+    try:
+        stdin = _read(0, MAX_CONFIG)
+    except (OSError, ValueError):
+        stdin = b""
+    if len(stdin) <= MAX_CONFIG and _precreate_fast(opts, stdin):
+        _write_out(stdin)
+        return 0
+    from hook.precreate import run_precreate
+
+    code, out = run_precreate(opts, stdin)
+    if out:
+        _write_out(out)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parsed = _split(argv)
@@ -400,10 +485,21 @@ def main(argv: list[str] | None = None) -> int:
         return run(argv)
     opts, positional = parsed
     stage = positional[0] if positional else "prestart"
-    if stage not in LIVE_STAGES:  # interface.md: any other stage is a no-op (forward compatible)
-        if stage not in OTHER_STAGES:
-            sys.stderr.write(f"oci-device-hook: stage {stage!r} is not prestart/createRuntime: no-op\n")
+    if stage == "precreate" and not ("--help" in opts or "-h" in opts):
+        return precreate(opts)
+    if stage not in LIVE_STAGES and stage not in OTHER_STAGES and stage != "precreate":
+        return _unknown_word(stage)
+    if "--help" in opts or "-h" in opts:
+        sys.stdout.write(LIVE_HELP)
         return 0
+    if stage in OTHER_STAGES:  # interface.md: the other OCI stages are a no-op
+        return 0
+    if os.isatty(0):
+        sys.stderr.write(
+            "hook: live mode expects the OCI state JSON on stdin (an OCI runtime runs it as a hook); "
+            "to try a bundle: hook --bundle DIR; see hook --help\n"
+        )
+        return 2
     try:
         stdin = _read(0, MAX_STATE * 2)
     except (OSError, ValueError):
@@ -421,5 +517,26 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """Entry of the launcher, ``python -m hook`` and the console script: ``main()``, then exit.
+
+    A live run (fast path or full) leaves nothing that interpreter finalization would finish:
+    the log and caches are written with ``os.write``/``fsync`` and closed, so after flushing
+    stdout and stderr it ends with ``os._exit`` and skips the teardown of every module (~5 ms on
+    the slice pod's path). If a flush fails, the normal ``sys.exit`` runs instead, which reports
+    it as usual. The CLI (simulation, tools) always exits normally.
+    """
+    argv = sys.argv[1:]
+    code = main(argv)
+    if _split(argv) is not None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            sys.exit(code)
+        os._exit(code & 0xFF if isinstance(code, int) else 1)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

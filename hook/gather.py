@@ -9,33 +9,49 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hook import checkpoint as ckpt
 from hook.decide import Grant, Inputs
 from hook.errors import InputError
+from hook.hostdev import host_dev_roots
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
-from hook.record import field, record
+from hook.record import field, record, replace
 from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator, is_privileged
 from hook.rules import Access
 from hook.settings import DEFAULT_PATH, Settings, load_settings
 
 if TYPE_CHECKING:
+    from hook.allowlist import HostDevices
     from hook.cdi.registry import Registry
     from hook.nvidia.model import Inventory
 
-__all__ = ["Options", "read_limited", "read_state_file", "state_from_bundle", "load_inputs"]
+__all__ = [
+    "Options",
+    "read_limited",
+    "read_state_file",
+    "state_from_bundle",
+    "resolved",
+    "host_devices",
+    "load_config",
+    "load_inputs",
+    "inputs_for_config",
+]
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+JIT_PREFIX = "runtime.nvidia.com/gpu="  # NVIDIA's jit-cdi names: resolved from the inventory
 
 
 @record
 class Options:
-    driver_root: Path = Path("/")
-    spec_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
+    """Where a decision reads the host. ``None``/``()`` mean "the settings' ``driver_root`` /
+    ``cdi_spec_dirs``": a command-line option wins over the settings file, which wins over the default."""
+
+    driver_root: Path | None = None
+    spec_dirs: tuple[Path, ...] = ()
     inventory_file: Path | None = None
     settings_file: Path | None = None
     use_cache: bool = True  # simulation never writes caches
@@ -67,6 +83,15 @@ def state_from_bundle(bundle: Path) -> OciState:
     )
 
 
+def resolved(opts: Options, settings: Settings) -> Options:
+    """``opts`` with the driver root and spec dirs made concrete (options, else settings)."""
+    return replace(
+        opts,
+        driver_root=opts.driver_root if opts.driver_root is not None else Path(settings.driver_root),
+        spec_dirs=opts.spec_dirs or tuple(Path(d) for d in settings.cdi_spec_dirs),
+    )
+
+
 def _settings(opts: Options) -> Settings:
     if opts.settings is not None:
         return opts.settings
@@ -75,25 +100,55 @@ def _settings(opts: Options) -> Settings:
     return load_settings(DEFAULT_PATH)
 
 
-def _allocations(
-    annotations: dict[str, str], settings: Settings, warnings: list[str]
-) -> tuple[ckpt.Allocation, ...]:
-    ident = ckpt.pod_identity(annotations)
-    if ident is None:
-        return ()
+MAX_CHECKPOINT_BYTES = 64 << 20
+
+
+def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
+    """What the kubelet's checkpoint says about this container; None outside Kubernetes.
+
+    Never raises: a missing, unreadable or corrupt checkpoint is a state the decision weighs
+    (and a warning), so a container that asks for no device always starts.
+    """
+    pod = ckpt.pod_of(annotations)
+    if pod is None:
+        return None
     path = Path(settings.kubelet_checkpoint)
+
+    def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
+        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs)
+
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ()
-    except OSError as exc:
-        warnings.append(f"{path}: unreadable ({exc.strerror}); using the other evidence")
-        return ()
+        data = read_limited(path, MAX_CHECKPOINT_BYTES, "kubelet checkpoint")
+    except InputError as exc:
+        if os.path.lexists(path):
+            warnings.append(f"{exc}; using the other evidence")
+            return view("unreadable")
+        return view("absent")
     try:
-        return ckpt.find_allocations(ckpt.parse_checkpoint(data, str(path)), *ident)
+        allocs = ckpt.parse_checkpoint(data, str(path), (pod.uid, pod.container))
+        return ckpt.Kubelet(
+            pod=pod,
+            checkpoint=str(path),
+            state="read",
+            allocations=allocs,
+            dra=_has_dra_claims(path, pod.uid),
+        )
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
-        return ()
+    except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
+        warnings.append(f"{path}: cannot decode ({type(exc).__name__}); using the other evidence")
+    return view("corrupt")
+
+
+def _has_dra_claims(checkpoint: Path, pod_uid: str) -> bool:
+    """Whether the kubelet's DRA state (``dra_manager_state`` beside ``device-plugins/``) names the
+    pod: DRA claims are not in the device-plugin checkpoint, so that checkpoint is then not the
+    kubelet's whole word on this pod. Read as bytes, whatever its version's layout."""
+    try:
+        data = read_limited(checkpoint.parent.parent / "dra_manager_state", MAX_CHECKPOINT_BYTES, "DRA state")
+    except InputError:
+        return False
+    return bool(pod_uid) and pod_uid.encode() in data
 
 
 class _Resolver:
@@ -101,6 +156,7 @@ class _Resolver:
 
     def __init__(self, opts: Options, settings: Settings, config: OciConfig, requests: Requests) -> None:
         self.opts, self.settings, self.config, self.requests = opts, settings, config, requests
+        self.driver_root = opts.driver_root or Path("/")
         self._registry: Registry | None = None
         self._inventory: Inventory | None = None
         self.specific_mig = False
@@ -132,11 +188,11 @@ class _Resolver:
         and a warning for a request nothing backs (``none``, an env value without plugin
         evidence, MIG management), and an error for one a plugin or CDI allocation made."""
         if self._driver is None:
-            loaded = (self.opts.driver_root / "proc/driver/nvidia").is_dir()
+            loaded = (self.driver_root / "proc/driver/nvidia").is_dir()
             self._driver = loaded or self.opts.inventory_file is not None
         if self._driver:
             return None
-        if req.from_plugin and req.kind is not Kind.NO_GPU:
+        if req.from_plugin and req.kind is not Kind.NO_GPU and req.value.lower() != "none":
             raise InputError(
                 req.source, req.value, "allocated, but this node has no NVIDIA driver (/proc/driver/nvidia)"
             )
@@ -152,7 +208,7 @@ class _Resolver:
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
             # MIG UUIDs and NVML's G:M order are what /proc lacks; "all" and GPU IDs don't need them.
             need_migs = any(r.kind is Kind.NVIDIA and _is_mig_id(r.value) for r in self.requests.items)
-            self._inventory = load(self.opts.driver_root, self.opts.inventory_file, cache, need_migs)
+            self._inventory = load(self.driver_root, self.opts.inventory_file, cache, need_migs)
         return self._inventory
 
     def access_for(self, node: Node, default: Access) -> Access:
@@ -164,16 +220,22 @@ class _Resolver:
         return tuple(Grant(node=n, access=self.access_for(n, default)) for n in nodes)
 
     def control(self) -> tuple[Grant, ...]:
-        from hook.nvidia.nodes import control_nodes, parse_driver_capabilities
+        from hook.nvidia.nodes import control_nodes
 
-        caps = parse_driver_capabilities(self.requests.driver_capabilities or None)
-        return self.grants(control_nodes(self.inventory(), caps))
+        return self.grants(control_nodes(self.inventory(), self.capabilities()))
+
+    def capabilities(self) -> frozenset[str]:
+        from hook.nvidia.nodes import SUPPORTED_CAPABILITIES, parse_driver_capabilities
+
+        if self.requests.legacy_image:
+            return SUPPORTED_CAPABILITIES
+        return parse_driver_capabilities(self.requests.driver_capabilities or None)
 
     def cdi(self, names: list[str]) -> tuple[Grant, ...]:
         from hook.cdi.edits import to_nodes_and_rules
         from hook.cdi.hostnodes import fill
 
-        nodes, rules = to_nodes_and_rules(fill(self.registry().resolve(names), self.opts.driver_root))
+        nodes, rules = to_nodes_and_rules(fill(self.registry().resolve(names), self.driver_root))
         access = {(str(r.type), r.major, r.minor): r.access for r in rules}
         return tuple(
             Grant(node=n, access=self.access_for(n, access.get((n.type, n.major, n.minor), Access.RWM)))
@@ -187,16 +249,38 @@ class _Resolver:
         if self.has_specs() and name in self.registry().devices:
             return self.cdi([name])
         missing = self.no_driver(req)
-        if missing is not None:
-            return missing
+        return self.from_inventory(req.value, req.source) if missing is None else missing
+
+    def from_inventory(self, value: str, source: str) -> tuple[Grant, ...]:
+        """An NVIDIA device ID resolved against the host inventory, with its control and DRM nodes."""
+        from hook.nvidia.dri import GRAPHICS_CAPABILITIES, dri_nodes
         from hook.nvidia.ids import resolve
-        from hook.nvidia.model import MigDevice
+        from hook.nvidia.model import Gpu, MigDevice
         from hook.nvidia.nodes import device_nodes
 
-        devices = resolve(self.inventory(), [req.value], source=req.source)
-        if req.value.lower() != "all" and any(isinstance(d, MigDevice) for d in devices):
+        self.specific_mig |= _is_mig_id(value)
+        if value.lower() == "none":
+            return self.control()
+        devices = resolve(self.inventory(), [value], source=source)
+        if value.lower() != "all" and any(isinstance(d, MigDevice) for d in devices):
             self.specific_mig = True
-        return self.grants(device_nodes(self.inventory(), devices)) + self.control()
+        grants = self.grants(device_nodes(self.inventory(), devices)) + self.control()
+        if self.capabilities() & GRAPHICS_CAPABILITIES:
+            buses = [d.pci_bus_id for d in devices if isinstance(d, Gpu)]
+            grants += self.grants(dri_nodes(self.driver_root, buses))
+        return grants
+
+    def cdi_or_jit(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        if self.is_jit(req.value):
+            missing = self.no_driver(req)
+            if missing is not None:
+                return missing
+            return self.from_inventory(req.value[len(JIT_PREFIX) :], req.source)
+        return self.cdi([req.value])
+
+    def is_jit(self, name: str) -> bool:
+        """A ``runtime.nvidia.com/gpu=`` name with no spec on disk (NVIDIA makes them on the fly)."""
+        return name.startswith(JIT_PREFIX) and not (self.has_specs() and name in self.registry().devices)
 
     def no_gpu(self, req: DeviceRequest) -> tuple[Grant, ...]:
         missing = self.no_driver(req)
@@ -224,7 +308,7 @@ class _Resolver:
             for r in rules:
                 access |= r.access
             return (Grant(node=node, access=access or Access.R | Access.W),)
-        return self.grants((_host_node(self.opts.driver_root, req.value, req.source),))
+        return self.grants((_host_node(self.driver_root, req.value, req.source),))
 
     def imex(self, req: DeviceRequest) -> tuple[Grant, ...]:
         major = self.inventory().majors.imex
@@ -235,13 +319,13 @@ class _Resolver:
 
     def resolve_all(self) -> dict[DeviceRequest, tuple[Grant, ...]]:
         items = self.requests.items
-        cdi_names = [r.value for r in items if r.kind is Kind.CDI]
+        cdi_names = [r.value for r in items if r.kind is Kind.CDI and not self.is_jit(r.value)]
         if cdi_names:
             self.registry().resolve_devices(cdi_names)  # one error naming every unresolvable device
         kind = self.settings.default_cdi_kind + "="
         self.specific_mig |= any(n.startswith(kind) and _is_mig_id(n[len(kind) :]) for n in cdi_names)
         handlers: dict[Kind, Callable[[DeviceRequest], tuple[Grant, ...]]] = {
-            Kind.CDI: lambda r: self.cdi([r.value]),
+            Kind.CDI: self.cdi_or_jit,
             Kind.NVIDIA: self.nvidia,
             Kind.NO_GPU: self.no_gpu,
             Kind.MIG_CONFIG: self.mgmt,
@@ -312,31 +396,74 @@ def scan_accelerators(driver_root: Path, patterns: dict[str, tuple[str, ...]] | 
     return tuple(sorted(found, key=lambda n: (n.major, n.minor, n.path)))
 
 
+def host_devices(driver_root: Path) -> HostDevices:
+    """``<driver-root>/proc/devices`` and every device node two levels under ``<driver-root>/dev``,
+    for the spec-level allow-list; an unreadable part is simply unknown (the list gets narrower)."""
+    from hook.allowlist import HostDevices, parse_device_majors
+    from hook.rules import DeviceType
+
+    try:
+        majors = parse_device_majors((driver_root / "proc/devices").read_text(errors="replace"))
+    except OSError:
+        majors = {}
+    nodes: list[tuple[DeviceType, int, int]] = []
+
+    def walk(directory: Path, depth: int) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and depth < 2:
+                walk(Path(e.path), depth + 1)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                kind = DeviceType.CHAR if stat.S_ISCHR(st.st_mode) else DeviceType.BLOCK
+                nodes.append((kind, os.major(st.st_rdev), os.minor(st.st_rdev)))
+
+    walk(driver_root / "dev", 0)
+    return HostDevices(majors=majors, nodes=tuple(sorted(set(nodes))))
+
+
 def load_config(state: OciState) -> OciConfig:
     bundle = Path(state.bundle)
     path = bundle / "config.json"
     return parse_config(read_limited(path, MAX_CONFIG_BYTES, "config.json"), str(path), str(bundle))
 
 
-def load_inputs(state: OciState, opts: Options) -> Inputs:
+def load_inputs(state: OciState, opts: Options, config: OciConfig | None = None) -> Inputs:
     """Everything ``decide`` needs for this container, or one ``InputError``."""
-    config = load_config(state)
+    config = config if config is not None else load_config(state)
+    return inputs_for_config(config, state.annotations, state.id, opts)
+
+
+def inputs_for_config(
+    config: OciConfig, annotations: Mapping[str, str], container_id: str, opts: Options
+) -> Inputs:
+    """The decision's inputs from a config alone (``hook precreate``: no state, pid or bundle yet)."""
     settings = _settings(opts)
+    opts = resolved(opts, settings)
     warnings: list[str] = []
-    annotations = {**config.annotations, **state.annotations}
-    requests = collect(config, annotations, settings, _allocations(annotations, settings, warnings))
+    annotations = {**config.annotations, **annotations}
+    requests = collect(config, annotations, settings, _kubelet(annotations, settings, warnings))
     resolver = _Resolver(opts, settings, config, requests)
     grants = resolver.resolve_all()
     host: tuple[Node, ...] = ()
-    if requests.from_plugin and (is_privileged(config.resource_rules) or config.devices):
-        host = scan_accelerators(opts.driver_root, settings.accelerator_nodes)
+    if requests.bounded or (
+        requests.from_plugin and (is_privileged(config.resource_rules) or config.devices)
+    ):
+        host = scan_accelerators(opts.driver_root or Path("/"), settings.accelerator_nodes)
     return Inputs(
-        container_id=state.id,
+        container_id=container_id,
         config=config,
         settings=settings,
         requests=requests,
         grants=grants,
         host_accelerators=host,
         specific_mig=resolver.specific_mig,
+        host_dev=host_dev_roots(str(opts.driver_root)),
         warnings=(*warnings, *resolver.warnings),
     )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import posixpath
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hook.decide import decide
 from hook.errors import HookError, InputError
 from hook.escape import clean
-from hook.gather import DEFAULT_SPEC_DIRS, Options, load_config, load_inputs
+from hook.gather import Options, load_config, load_inputs
 from hook.oci import OciConfig, parse_state
 from hook.plan import Verdict
 from hook.record import replace
@@ -28,23 +29,50 @@ STDIN = "state (stdin)"
 
 
 def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
-    spec_dirs = tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())) or DEFAULT_SPEC_DIRS
+    """Live and precreate argv as Options; what is not given comes from the settings (``gather.resolved``)."""
     inventory = opts.get("--inventory")
     config = opts.get("--config")
+    root = opts.get("--driver-root")
     return Options(
-        driver_root=Path((opts.get("--driver-root") or ["/"])[-1]),
-        spec_dirs=spec_dirs,
+        driver_root=Path(root[-1]) if root else None,
+        spec_dirs=tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())),
         inventory_file=Path(inventory[-1]) if inventory else None,
         settings_file=Path(config[-1]) if config else None,
         use_cache=use_cache,
     )
 
 
-def _log(record: dict[str, Any], settings: Settings | None) -> None:
+def _by_hand() -> bool:
+    """A person ran the hook with the state from a file or a terminal: runtimes (runc, crun) always
+    write the state into a pipe. Such a run must not add lines to the production log."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
+
+
+def _log(
+    record: dict[str, Any],
+    settings: Settings | None,
+    annotations: Mapping[str, str],
+    opts: dict[str, list[str]],
+) -> None:
+    import json
+
     from hook.log import write_log
+    from hook.logrecord import stamp
 
     s = settings or Settings()
-    problem = write_log(record, Path(s.log_file), max_bytes=s.log_max_bytes)
+    line = stamp(record, annotations)
+    if "--log" not in opts and _by_hand():
+        sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
+        sys.stderr.write(f"oci-device-hook: run by hand: not appended to {s.log_file} (--log does)\n")
+        return
+    problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
         sys.stderr.write(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
 
@@ -60,7 +88,7 @@ def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
             sys.stderr.write(f"oci-device-hook: warning: fast path cache: {clean(problem)}\n")
 
 
-def _settings_cannot_matter(config: OciConfig, annotations: dict[str, str]) -> bool:
+def _settings_cannot_matter(config: OciConfig, annotations: Mapping[str, str]) -> bool:
     """No settings file could make this container ask for a device or count as widened.
 
     Stricter than the fast path's test with default settings: any annotation key that mentions
@@ -69,40 +97,63 @@ def _settings_cannot_matter(config: OciConfig, annotations: dict[str, str]) -> b
     """
     from hook.entry import DEFAULT_MOUNT_ROOT, DEFAULT_PREFIXES, needs_decision
 
-    if needs_decision(dict(config.raw), annotations, DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT):
+    if needs_decision(dict(config.raw), dict(annotations), DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT):
         return False
-    if any("cdi" in key.lower() for key in (*annotations, *config.annotations)):
+    if any("cdi" in key.lower() for key in annotations):
         return False
     return not any(m.source and posixpath.normpath(m.source) == "/dev/null" for m in config.mounts)
 
 
-def _broken_settings(error: InputError, stdin: bytes) -> int:
+def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]) -> int:
     """A settings file that does not load stops only the containers whose decision it could change.
 
     A container that asks for no device under any settings starts (the error is logged and
     printed as a warning, once per container); any other container fails closed with the error.
     """
     container = ""
+    annotations: Mapping[str, str] = {}
     try:
         state = parse_state(stdin, STDIN)
         container = state.id
         config = load_config(state)
-        harmless = _settings_cannot_matter(config, {**config.annotations, **state.annotations})
+        annotations = {**config.annotations, **state.annotations}
+        harmless = _settings_cannot_matter(config, annotations)
     except HookError:
         harmless = False
     record: dict[str, Any] = {"container": {"id": container}, "error": str(error)}
     if harmless:
         sys.stderr.write(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
-        _log({**record, "verdict": "none", "reason": "settings file broken; no device asked for"}, None)
+        reason = "settings file broken; the container asks for no device"
+        _log({**record, "verdict": "none", "reason": reason}, None, annotations, opts)
         return 0
     sys.stderr.write(f"oci-device-hook: {error}\n")
-    _log({**record, "verdict": "error"}, None)
+    _log({**record, "verdict": "error"}, None, annotations, opts)
     return error.exit_code
+
+
+def _decided_before(config: OciConfig, settings: Settings) -> bool:
+    """``hook precreate`` on this node decided exactly these nodes and rules (``hook.marker``)."""
+    from hook.marker import ANNOTATION, load_key, verify
+
+    if ANNOTATION not in config.annotations:
+        return False
+    return verify(load_key(Path(settings.cache_dir), create=False), config)
+
+
+def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
+    """One warning per reason the node helper left changes to the cgroup alone (not the container's /dev)."""
+    by_why: dict[str, list[str]] = {}
+    for path, why in skipped:
+        by_why.setdefault(why, []).append(path)
+    return [
+        f"{', '.join(paths)}: left as it is, the cgroup alone narrows: {why}" for why, paths in by_why.items()
+    ]
 
 
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
     container = ""
+    annotations: Mapping[str, str] = {}
     try:
         options = options_from(opts, use_cache=True)
         # settings first, so that an error in the state or config.json is logged where the operator said
@@ -111,28 +162,46 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
                 options.settings_file or DEFAULT_PATH, required=bool(options.settings_file)
             )
         except InputError as exc:
-            return _broken_settings(exc, stdin)
+            return _broken_settings(exc, stdin, opts)
         _remember(opts, settings)
         state = parse_state(stdin, STDIN)
         container = state.id
-        inputs = load_inputs(state, replace(options, settings=settings))
+        annotations = state.annotations
+        config = load_config(state)
+        annotations = {**config.annotations, **state.annotations}
+        if _decided_before(config, settings):
+            record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
+            _log({**record, "container": {"id": container}}, settings, annotations, opts)
+            return 0
+        inputs = load_inputs(state, replace(options, settings=settings), config)
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
-            _log(report, settings)
+            _log(report, settings, annotations, opts)
             sys.stderr.write(f"oci-device-hook: deny: {clean(plan.reason)}\n")
             return 3
         if plan.changes:
             if state.pid is None:
                 raise InputError(STDIN, "pid", "missing: the hook must run as a prestart/createRuntime hook")
+            from hook.apply.locate import find_container
             from hook.apply.transaction import apply_plan
 
-            applied = apply_plan(plan, state.pid, rootfs=inputs.config.root_path)
+            # before anything is written: the pid must be a container's (issue 11, item 2)
+            target = find_container(state.pid, inputs.config.cgroups_path, source=STDIN)
+            applied = apply_plan(
+                plan, state.pid, rootfs=inputs.config.root_path, target=target, host_dev=inputs.host_dev
+            )
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
-        _log(report, settings)
+            report["warnings"] += _skipped_warnings(applied.skipped)
+        _log(report, settings, annotations, opts)
         return 0
     except HookError as exc:
         sys.stderr.write(f"oci-device-hook: {exc}\n")
-        _log({"verdict": "error", "container": {"id": container}, "error": str(exc)}, settings)
+        _log(
+            {"verdict": "error", "container": {"id": container}, "error": str(exc)},
+            settings,
+            annotations,
+            opts,
+        )
         return exc.exit_code

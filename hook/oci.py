@@ -25,6 +25,7 @@ __all__ = [
     "OciConfig",
     "parse_state",
     "parse_config",
+    "parse_config_object",
     "load_json_object",
 ]
 
@@ -74,6 +75,7 @@ class OciConfig:
     resource_rules: tuple[Rule, ...]
     annotations: Mapping[str, str]
     warnings: tuple[str, ...] = ()
+    cgroups_path: str = ""  # linux.cgroupsPath as written: /abs, rel/ative or slice:prefix:name
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -327,7 +329,11 @@ def _section(obj: Mapping[str, Any], key: str, source: str, prefix: str = "") ->
 
 def parse_config(data: bytes, source: str, bundle: str) -> OciConfig:
     """Parse config.json; ``root.path`` is resolved against the bundle, never the cwd."""
-    obj = load_json_object(data, source, MAX_CONFIG_BYTES)
+    return parse_config_object(load_json_object(data, source, MAX_CONFIG_BYTES), source, bundle)
+
+
+def parse_config_object(obj: dict[str, Any], source: str, bundle: str) -> OciConfig:
+    """``parse_config`` on an already decoded object (a config the spec writer just built)."""
     process = _section(obj, "process", source)
     linux = _section(obj, "linux", source)
     resources = _section(linux, "resources", source, "linux.")
@@ -351,5 +357,6 @@ def parse_config(data: bytes, source: str, bundle: str) -> OciConfig:
         ),
         annotations=_str_map(obj.get("annotations"), source, "annotations"),
         warnings=tuple(warnings),
+        cgroups_path=_str(linux, "cgroupsPath", source, "linux.", default=""),
         raw=obj,
     )

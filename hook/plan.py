@@ -52,6 +52,7 @@ class Plan:
     create: tuple[Node, ...] = ()
     remove: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    denied: tuple[str, ...] = ()  # accelerator nodes denied (or, under audit, that would be), by path
 
     @property
     def changes(self) -> bool:

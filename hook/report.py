@@ -33,6 +33,30 @@ def build_report(inputs: Inputs, plan: Plan) -> dict[str, Any]:
         "cgroup": [r.to_json() for r in plan.rules],
         "nodes": {"create": [n.to_json() for n in plan.create], "remove": list(plan.remove)},
         "warnings": list(plan.warnings),
+        "denied": list(plan.denied),
+        "kubernetes": _kubernetes(inputs),
+    }
+
+
+def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
+    """The kubelet evidence this decision used (None outside Kubernetes): which pod, which
+    checkpoint and what it said, and whether the allocation bounded the container's accelerators."""
+    k = inputs.requests.kubelet
+    if k is None:
+        return None
+    settings = inputs.settings
+    return {
+        "namespace": k.pod.namespace,
+        "pod": k.pod.name,
+        "pod_uid": k.pod.uid,
+        "container": k.pod.container,
+        "checkpoint": k.checkpoint,
+        "checkpoint_state": k.state,
+        "allocation": sorted({a.resource for a in k.allocations}),
+        "trusted_namespace": bool(k.pod.namespace) and k.pod.namespace in settings.env_trusted_namespaces,
+        "env_requests": str(settings.env_requests),
+        "bounded": inputs.requests.bounded,
+        "dra_claims": k.dra,
     }
 
 
@@ -60,6 +84,15 @@ def render_text(report: dict[str, Any]) -> str:
         for r in report["requests"]:
             origin = "plugin" if r["from_plugin"] else "not a plugin"
             lines.append(f"  {clean(r['value']):<44} from {clean(r['source'])} ({origin})")
+    k = report.get("kubernetes")
+    if k:
+        alloc = ", ".join(k["allocation"]) or "nothing"
+        trust = " (trusted namespace)" if k["trusted_namespace"] else ""
+        pod = clean(f"{k['namespace'] or '?'}/{k['pod'] or k['pod_uid']}")
+        lines.append(
+            f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
+            f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
+        )
     if report["evidence"]:
         lines.append(f"plugin allocation evidence: {clean(', '.join(report['evidence']))}")
     if report["cgroup"]:

@@ -14,12 +14,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 
-from hook.checkpoint import Allocation
+from hook.checkpoint import Allocation, Kubelet
 from hook.errors import InputError
 from hook.oci import LinuxDevice, OciConfig
 from hook.record import record
 from hook.rules import Access, DeviceType, Rule
-from hook.settings import Settings
+from hook.settings import EnvRequests, Settings
 
 __all__ = [
     "Kind",
@@ -30,9 +30,13 @@ __all__ = [
     "has_sys_admin",
     "is_accelerator",
     "split_ids",
+    "is_legacy_image",
+    "gpu_resource",
 ]
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
+CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_ENVS = {"NVIDIA_MIG_CONFIG_DEVICES": "mig-config", "NVIDIA_MIG_MONITOR_DEVICES": "mig-monitor"}
 CHECKPOINT = "kubelet-checkpoint"
 
@@ -70,6 +74,13 @@ class Requests:
     evidence: tuple[str, ...]
     warnings: tuple[str, ...]
     driver_capabilities: str
+    kubelet: Kubelet | None = None  # None outside Kubernetes
+    # The kubelet's allocation is known and bounds this container's accelerators: any other
+    # accelerator it was given (privileged mode, a shim that honoured an image env, --device)
+    # is an over-grant, even when the allocation is empty.
+    bounded: bool = False
+    ignored_env: tuple[str, ...] = ()  # "NAME=value" of envs that were no request, for the reason
+    legacy_image: bool = False  # a legacy CUDA image with NVIDIA_DRIVER_CAPABILITIES unset: every capability
 
     @property
     def from_plugin(self) -> bool:
@@ -93,21 +104,39 @@ def has_sys_admin(config: OciConfig) -> bool:
 
 
 _MATCHERS: dict[tuple[str, ...], re.Pattern[str]] = {}
+_LAST: list[tuple[Mapping[str, tuple[str, ...]], dict[str, tuple[str, ...]], re.Pattern[str]]] = []
 
 
 def _matcher(patterns: Mapping[str, tuple[str, ...]]) -> re.Pattern[str]:
-    """All vendors' globs as one compiled regex (one compile per process, not one per glob)."""
+    """All vendors' globs as one compiled regex (one compile per process, not one per glob).
+
+    Called once per node, so the mapping last asked about is remembered with a copy of its
+    contents: the same, unchanged mapping is answered by one dict comparison.
+    """
+    if _LAST and _LAST[0][0] is patterns and _LAST[0][1] == patterns:
+        return _LAST[0][2]
     key = tuple(p for pats in patterns.values() for p in pats)
     if key not in _MATCHERS:
         _MATCHERS[key] = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in key) or "(?!)")
+    _LAST[:] = [(patterns, dict(patterns), _MATCHERS[key])]
     return _MATCHERS[key]
 
 
+_SEEN: dict[tuple[re.Pattern[str], str], bool] = {}
+
+
 def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether ``path`` is a /dev node one of the globs names; remembered per (globs, path),
+    since one start asks it several times for every node of the container and the host."""
+    matcher = _matcher(patterns)
+    known = _SEEN.get((matcher, path))
+    if known is not None:
+        return known
     clean = posixpath.normpath(path)
-    if not clean.startswith("/dev/"):
-        return False
-    return _matcher(patterns).match(clean[len("/dev/") :]) is not None
+    found = clean.startswith("/dev/") and matcher.match(clean[len("/dev/") :]) is not None
+    if len(_SEEN) < 65536:
+        _SEEN[(matcher, path)] = found
+    return found
 
 
 def split_ids(value: str) -> tuple[str, ...]:
@@ -119,20 +148,43 @@ def _id_request(token: str, source: str, from_plugin: bool) -> DeviceRequest:
     return DeviceRequest(source=source, value=token, kind=kind, from_plugin=from_plugin)
 
 
-def _nvidia_resource(name: str) -> bool:
-    """Resources whose device IDs are NVIDIA IDs (k8s-device-plugin: UUIDs, replicas "<uuid>::<n>")."""
-    return name in ("nvidia.com/gpu", "nvidia.com/gpu.shared") or name.startswith("nvidia.com/mig-")
+def gpu_resource(name: str, settings: Settings) -> bool:
+    """A device-plugin resource that is a GPU of NVIDIA's env (``gpu_resources``): its device IDs
+    are NVIDIA IDs (UUIDs, time-slicing replicas "<uuid>::<n>") and its allocation vouches for
+    NVIDIA_VISIBLE_DEVICES; a NIC's or another vendor's entry does neither."""
+    return any(fnmatch.fnmatchcase(name, p) for p in settings.gpu_resources)
 
 
-def _from_checkpoint(allocs: Sequence[Allocation], config: OciConfig) -> list[DeviceRequest]:
+def _mounted_ids(a: Allocation, root: str) -> list[str]:
+    """Device IDs of a volume-mounts allocation: ``/dev/null`` mounted at ``<root>/<id>``."""
+    out = []
+    for cpath, _host in a.mounts:
+        dest = posixpath.normpath(cpath)
+        if dest.startswith(root + "/"):
+            out.append(dest[len(root) + 1 :])
+    return out
+
+
+def _from_checkpoint(
+    allocs: Sequence[Allocation], config: OciConfig, settings: Settings
+) -> list[DeviceRequest]:
     by_path = {d.path: d for d in config.devices}
+    root = posixpath.normpath(settings.volume_mount_root)
     out: list[DeviceRequest] = []
     for a in allocs:
         src = f"{CHECKPOINT}:{a.resource}"
-        out += [DeviceRequest(source=src, value=n, kind=Kind.CDI, from_plugin=True) for n in a.cdi_devices]
-        env_ids = split_ids(a.envs.get(VISIBLE_ENV, ""))
+        cdi = [*a.cdi_devices]
+        for key in sorted(a.annotations):
+            if any(key.startswith(p) for p in settings.cdi_annotation_prefixes):
+                cdi += [n.strip() for n in a.annotations[key].split(",") if "=" in n]
+        out += [DeviceRequest(source=src, value=n, kind=Kind.CDI, from_plugin=True) for n in cdi]
+        # NVIDIA's env names NVIDIA devices only in an NVIDIA GPU's allocation, never a NIC's
+        gpu = gpu_resource(a.resource, settings)
+        env_ids = split_ids(a.envs.get(VISIBLE_ENV, "")) if gpu else ()
         if env_ids and not env_ids[0].startswith("/"):
             out += [_id_request(t, src, True) for t in env_ids]
+        elif env_ids:
+            out += [_id_request(t, src, True) for t in _mounted_ids(a, root)]
         for cpath, hpath in a.device_paths:
             out.append(
                 DeviceRequest(
@@ -143,7 +195,7 @@ def _from_checkpoint(allocs: Sequence[Allocation], config: OciConfig) -> list[De
                     node=by_path.get(cpath),
                 )
             )
-        if not (a.cdi_devices or env_ids or a.device_paths) and _nvidia_resource(a.resource):
+        if not (cdi or env_ids or a.device_paths) and gpu:
             ids = dict.fromkeys(
                 d.split("::")[0] for d in a.device_ids
             )  # time-slicing replicas: "<uuid>::<n>"
@@ -156,12 +208,13 @@ def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -
     for key in sorted(annotations):
         if not any(key.startswith(p) for p in prefixes):
             continue
-        for name in annotations[key].split(","):
-            name = name.strip()
-            if not name or "=" not in name or "/" not in name.split("=", 1)[0]:
-                raise InputError(
-                    "annotations", key, f"{name!r} is not a qualified CDI name vendor/class=name"
-                )
+        from hook.cdi.names import parse_qualified_name  # pure, and only for CDI annotations
+
+        for name in annotations[key].split(","):  # never trimmed: the reference refuses " v/c=d"
+            try:
+                parse_qualified_name(name)
+            except InputError as exc:
+                raise InputError("annotations", key, f"{name!r}: {exc.reason}") from None
             out.append(DeviceRequest(source=f"annotation:{key}", value=name, kind=Kind.CDI, from_plugin=True))
     return out
 
@@ -200,8 +253,8 @@ def _from_nodes(config: OciConfig, patterns: Mapping[str, tuple[str, ...]]) -> l
     ]
 
 
-def _corroborated(config: OciConfig, settings: Settings, have_checkpoint: bool) -> str:
-    if have_checkpoint:
+def _corroborated(config: OciConfig, settings: Settings, gpu_allocated: bool) -> str:
+    if gpu_allocated:
         return CHECKPOINT
     if config.env.get(VISIBLE_ENV, "") == settings.volume_mount_root:
         return f"env:{VISIBLE_ENV}={settings.volume_mount_root}"
@@ -211,24 +264,50 @@ def _corroborated(config: OciConfig, settings: Settings, have_checkpoint: bool) 
     return ""
 
 
+def is_legacy_image(env: Mapping[str, str]) -> bool:
+    """NVIDIA's legacy CUDA image: ``CUDA_VERSION`` set and no ``NVIDIA_REQUIRE_CUDA`` (cuda_image.go)."""
+    return "CUDA_VERSION" in env and "NVIDIA_REQUIRE_CUDA" not in env
+
+
 def _from_env(config: OciConfig, settings: Settings, corroboration: str) -> list[DeviceRequest]:
     value = config.env.get(VISIBLE_ENV)
-    tokens = split_ids(value or "")
+    if value is None and is_legacy_image(config.env):
+        value = "all"  # a legacy CUDA image asks for every GPU: an ordinary env request from here on
+    tokens = split_ids(value or "")  # empty items are skipped, as libnvidia-container does
     if value is None or not tokens or "void" in tokens or value == settings.volume_mount_root:
         return []
     src = f"env:{VISIBLE_ENV}"
-    if "none" in tokens:
+    special = next((t.lower() for t in tokens if t.lower() in ("all", "none")), None)
+    if special == "none":  # the first special value wins: "none,all" is none, "all,none" is all
         return [DeviceRequest(source=src, value="none", kind=Kind.NO_GPU, from_plugin=bool(corroboration))]
-    if any(t.lower() == "all" for t in tokens):
+    if special == "all":
         tokens = ("all",)
     return [_id_request(t, src, bool(corroboration)) for t in tokens]
 
 
-def _mig_management(config: OciConfig) -> list[DeviceRequest]:
+def _imex_from_env(config: OciConfig, corroboration: str) -> list[DeviceRequest]:
+    """``NVIDIA_IMEX_CHANNELS`` (the device plugin's env strategy): channel ids; ``all`` grants none."""
+    tokens = split_ids(config.env.get(IMEX_ENV, ""))
+    if not tokens or any(t.lower() in ("all", "none", "void") for t in tokens):
+        return []
+    src = f"env:{IMEX_ENV}"
+    plugin = bool(corroboration)
+    return [DeviceRequest(source=src, value=t, kind=Kind.IMEX, from_plugin=plugin) for t in tokens]
+
+
+def _mig_management(
+    config: OciConfig, vouched: Mapping[str, str] | None, warnings: list[str], ignored: list[str]
+) -> list[DeviceRequest]:
+    """MIG management envs; with ``vouched`` (a Kubernetes container under ``env_requests: auto``)
+    only those the kubelet's GPU allocation carries with the same value count."""
     out = []
     for env, kind in MIG_ENVS.items():
         value = config.env.get(env, "").strip()
         if not value:
+            continue
+        if vouched is not None and vouched.get(env, "").strip() != value:
+            warnings.append(f"{env}={value} ignored: {_NOT_VOUCHED}")
+            ignored.append(f"{env}={value}")
             continue
         if value.lower() != "all":
             raise InputError(config.source, f"process.env.{env}", f"only 'all' is supported, got {value!r}")
@@ -243,33 +322,115 @@ def _dedupe(items: Iterable[DeviceRequest]) -> tuple[DeviceRequest, ...]:
     return tuple(seen.values())
 
 
+_NOT_VOUCHED = (
+    "a Kubernetes container's env counts only with the kubelet's allocation of a GPU "
+    "(or in a namespace listed in env_trusted_namespaces)"
+)
+
+
+def _env_refusal(kubelet: Kubelet, corroboration: str, value: str) -> str:
+    """Why a Kubernetes container's visible-devices env is no request ('' when it counts)."""
+    pod = kubelet.pod
+    where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
+    if kubelet.known:
+        return (
+            f"{VISIBLE_ENV}={value} ignored: the kubelet allocated no GPU to {where} "
+            f"({kubelet.checkpoint}); an image's env is no request"
+        )
+    if corroboration:
+        return ""
+    return (
+        f"{VISIBLE_ENV}={value} ignored: the kubelet's checkpoint {kubelet.checkpoint} is {kubelet.state} "
+        f"and nothing a plugin sets corroborates the env of {where} "
+        "(setting kubelet_checkpoint; hook doctor finds the file)"
+    )
+
+
 def collect(
-    config: OciConfig, annotations: Mapping[str, str], settings: Settings, allocs: Sequence[Allocation]
+    config: OciConfig, annotations: Mapping[str, str], settings: Settings, kubelet: Kubelet | None = None
 ) -> Requests:
-    """Every request of one container, in evidence order (checkpoint first)."""
+    """Every request of one container, in evidence order (checkpoint first).
+
+    ``kubelet`` is None outside Kubernetes. Under ``env_requests: auto`` a Kubernetes container's
+    env needs the kubelet's word (an allocation of a ``gpu_resources`` resource to this very
+    container), or plugin-only siblings when the checkpoint cannot answer, or a trusted namespace.
+    """
     privileged = is_privileged(config.resource_rules) or has_sys_admin(config)
     warnings: list[str] = []
-    checkpoint = _from_checkpoint(allocs, config)
+    ignored: list[str] = []
+    allocs = kubelet.allocations if kubelet is not None else ()
+    gpu_allocs = [a for a in allocs if gpu_resource(a.resource, settings)]
+    mode = settings.env_requests
+    trusted = (
+        kubelet is not None
+        and bool(kubelet.pod.namespace)
+        and kubelet.pod.namespace in settings.env_trusted_namespaces
+    )
+    needs_kubelet = kubelet is not None and mode is EnvRequests.AUTO and not trusted
+    # DRA claims inject CDI devices the device-plugin checkpoint does not list: no bound then
+    bounded = needs_kubelet and kubelet is not None and kubelet.known and not kubelet.dra
+    checkpoint = _from_checkpoint(allocs, config, settings)
     granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
     mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
     if not granting:
         granting = [m for m in mounts if m.kind is not Kind.IMEX]
     imex = [m for m in mounts if m.kind is Kind.IMEX]
-    corroboration = _corroborated(config, settings, bool(allocs))
+    corroboration = _corroborated(config, settings, bool(gpu_allocs))
+    if bounded and not gpu_allocs:
+        corroboration = ""  # the kubelet's record outranks env siblings an image can carry
     env = _from_env(config, settings, corroboration)
+    value = config.env.get(VISIBLE_ENV, "")
+    shown = value if VISIBLE_ENV in config.env else "all (legacy CUDA image)"
     if env and (granting or checkpoint):
         origin = (checkpoint or granting)[0].source
-        warnings.append(f"{VISIBLE_ENV}={config.env[VISIBLE_ENV]} ignored: the allocation came from {origin}")
+        if not any(a.envs.get(VISIBLE_ENV) == value for a in gpu_allocs):
+            warnings.append(f"{VISIBLE_ENV}={shown} ignored: the allocation came from {origin}")
         env = []
-    elif env and not privileged and not corroboration and not settings.accept_envvar_when_unprivileged:
-        warnings.append(
-            f"{VISIBLE_ENV} ignored in an unprivileged container (accept_envvar_when_unprivileged: false)"
-        )
+    elif env and needs_kubelet and kubelet is not None and not gpu_allocs:
+        refusal = _env_refusal(kubelet, corroboration, shown)
+        if refusal:
+            warnings.append(refusal)
+            ignored.append(f"{VISIBLE_ENV}={shown}")
+            env = []
+    elif env and not privileged and not corroboration and mode is EnvRequests.NEVER:
+        warnings.append(f"{VISIBLE_ENV} ignored in an unprivileged container (env_requests: never)")
+        ignored.append(f"{VISIBLE_ENV}={shown}")
         env = []
-    nodes = [] if is_privileged(config.resource_rules) else _from_nodes(config, settings.accelerator_nodes)
-    items = _dedupe([*checkpoint, *granting, *imex, *env, *nodes, *_mig_management(config)])
+    imex_env = [] if imex else _imex_from_env(config, corroboration)
+    if imex_env:  # channels count with a GPU request that counts, or when the kubelet's allocation set them
+        vouched_imex = any(a.envs.get(IMEX_ENV) == config.env.get(IMEX_ENV) for a in gpu_allocs)
+        if not (env or vouched_imex or (privileged and not needs_kubelet)):
+            warnings.append(f"{IMEX_ENV} ignored: it counts only with a GPU request that counts")
+            imex_env = []
+    nodes = (
+        []
+        if is_privileged(config.resource_rules) or bounded
+        else _from_nodes(config, settings.accelerator_nodes)
+    )
+    vouched: dict[str, str] | None = None
+    if needs_kubelet:
+        vouched = {k: v for a in gpu_allocs for k, v in a.envs.items()}
+    gpu = [*checkpoint, *granting, *env, *nodes]
+    if gpu:
+        mig = _mig_management(config, vouched, warnings, ignored)
+    else:  # NVIDIA's hook returns before looking at them when no GPU is requested
+        mig = []
+        warnings += [f"{name}={config.env[name].strip()} ignored: the container asks for no GPU"
+                     for name in MIG_ENVS if config.env.get(name, "").strip()]
+    items = _dedupe([*checkpoint, *granting, *imex, *imex_env, *env, *nodes, *mig])
     evidence = [s for s in dict.fromkeys(r.source.split(":")[0] for r in items if r.from_plugin)]
     if corroboration and any(r.source.startswith("env:") and r.from_plugin for r in items):
         evidence.append(f"corroborated-by:{corroboration}")
-    caps = config.env.get("NVIDIA_DRIVER_CAPABILITIES", "")
-    return Requests(items=items, evidence=tuple(evidence), warnings=tuple(warnings), driver_capabilities=caps)
+    if trusted and kubelet is not None and any(r.source.startswith("env:") for r in items):
+        evidence.append(f"trusted-namespace:{kubelet.pod.namespace}")
+    caps = config.env.get(CAPS_ENV, "")
+    return Requests(
+        items=items,
+        evidence=tuple(evidence),
+        warnings=tuple(warnings),
+        driver_capabilities=caps,
+        kubelet=kubelet,
+        bounded=bounded,
+        ignored_env=tuple(ignored),
+        legacy_image=is_legacy_image(config.env) and CAPS_ENV not in config.env,
+    )

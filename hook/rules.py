@@ -56,7 +56,11 @@ class Access(Flag):
         return acc
 
     def __str__(self) -> str:
-        return "".join(c for c, bit in (("r", Access.R), ("w", Access.W), ("m", Access.M)) if bit & self)
+        return _ACCESS_TEXT[self._value_ & 7]
+
+
+# Every rwm combination's text, by its bits (enum arithmetic per rule costs more than the lookup).
+_ACCESS_TEXT = tuple("".join(c for c, bit in (("r", 2), ("w", 4), ("m", 1)) if bit & n) for n in range(8))
 
 
 class DeviceType(StrEnum):
@@ -91,7 +95,7 @@ class Rule:
             return "a"
         major = "*" if self.major is None else str(self.major)
         minor = "*" if self.minor is None else str(self.minor)
-        return f"{self.type} {major}:{minor} {self.access}"
+        return f"{self.type!s} {major}:{minor} {_ACCESS_TEXT[self.access.value & 7]}"
 
 
 ALLOW_ALL = Rule(allow=True)

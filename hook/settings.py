@@ -15,7 +15,15 @@ from typing import Any
 from hook.errors import InputError
 from hook.record import field, fields, record
 
-__all__ = ["Policy", "MigManagement", "Settings", "DEFAULT_PATH", "parse_settings", "load_settings"]
+__all__ = [
+    "Policy",
+    "MigManagement",
+    "EnvRequests",
+    "Settings",
+    "DEFAULT_PATH",
+    "parse_settings",
+    "load_settings",
+]
 
 DEFAULT_PATH = Path("/etc/oci-device-hook/config.yaml")
 MAX_BYTES = 1 << 20
@@ -28,11 +36,34 @@ class Policy(StrEnum):
     AUDIT = "audit"
 
 
+class EnvRequests(StrEnum):
+    """When a visible-devices env counts as a request (docs/operators.md, "Env requests")."""
+
+    AUTO = "auto"  # Kubernetes containers: only with the kubelet's word; others: always
+    ALWAYS = "always"
+    NEVER = "never"  # unprivileged: only when corroborated
+
+
 class MigManagement(StrEnum):
     REQUIRE_SYS_ADMIN = "require_sys_admin"
     PRIVILEGED = "privileged"
     NEVER = "never"
 
+
+# Namespaces of NVIDIA's own cluster components (device plugin, GPU feature discovery, DCGM
+# exporter) that see every GPU by env without allocating one: gpu-operator (GPU operator Helm
+# quickstart), nvidia-gpu-operator (its OpenShift install), nvidia-device-plugin (the device
+# plugin's Helm README) and kube-system (k8s-device-plugin deployments/static/nvidia-device-plugin.yml).
+DEFAULT_TRUSTED_NAMESPACES: tuple[str, ...] = (
+    "gpu-operator",
+    "nvidia-gpu-operator",
+    "nvidia-device-plugin",
+    "kube-system",
+)
+
+# Device-plugin resources that are GPUs of the visible-devices env's vendor (NVIDIA): only an
+# allocation of one of these vouches for NVIDIA_VISIBLE_DEVICES (a NIC's entry does not).
+DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 
 # Accelerator node patterns per vendor (fnmatch, relative to /dev); research/device-plugins.md §4.
 DEFAULT_ACCELERATOR_NODES: Mapping[str, tuple[str, ...]] = {
@@ -68,12 +99,17 @@ class Settings:
         default_factory=lambda: dict(DEFAULT_ACCELERATOR_NODES)
     )
     cdi_kinds: tuple[str, ...] = ("nvidia.com/gpu",)
-    accept_envvar_when_unprivileged: bool = True
+    env_requests: EnvRequests = EnvRequests.AUTO
+    env_trusted_namespaces: tuple[str, ...] = DEFAULT_TRUSTED_NAMESPACES
+    gpu_resources: tuple[str, ...] = DEFAULT_GPU_RESOURCES
     mig_management: MigManagement = MigManagement.REQUIRE_SYS_ADMIN
     cap_access: str = "r"
     log_file: str = "/var/log/oci-device-hook.log"
     log_max_bytes: int = 10 << 20
     cache_dir: str = "/run/oci-device-hook"
+    runtime: str = "runc"  # the real runtime the wrapper execs (a name on PATH or an absolute path)
+    driver_root: str = "/"  # --driver-root wins when given
+    cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")  # --cdi-spec-dir wins when given
 
     @property
     def default_cdi_kind(self) -> str:
@@ -100,23 +136,39 @@ def _convert(key: str, value: Any, source: str) -> Any:
         return _enum(Policy, key, value, source)
     if key == "mig_management":
         return _enum(MigManagement, key, value, source)
-    if key in ("cdi_annotation_prefixes", "corroborating_env", "cdi_kinds"):
+    if key == "env_requests":
+        return _enum(EnvRequests, key, value, source)
+    if key in ("cdi_annotation_prefixes", "corroborating_env", "cdi_kinds", "gpu_resources"):
         items = _str_list(key, value, source)
         if not items:
             raise InputError(source, key, "must not be empty")
+        if key == "cdi_kinds":
+            for kind in items:
+                vendor, slash, cls = kind.partition("/")
+                if not (vendor and slash and cls) or "/" in cls:
+                    raise InputError(source, key, f"{kind!r} is not vendor/class (e.g. nvidia.com/gpu)")
         return items
+    if key == "env_trusted_namespaces":
+        return _str_list(key, value, source)  # empty: no namespace is trusted
     if key == "accelerator_nodes":
         if not isinstance(value, dict):
             raise InputError(source, key, "expected a map of vendor to a list of patterns")
         return {str(k): _str_list(f"{key}.{k}", v, source) for k, v in value.items()}
-    if key == "accept_envvar_when_unprivileged":
+    if key == ALIAS:
         if not isinstance(value, bool):
             raise InputError(source, key, "expected true or false")
-        return value
+        return EnvRequests.ALWAYS if value else EnvRequests.NEVER
     if key == "cap_access":
         if value not in ("r", "rw"):
             raise InputError(source, key, "expected r or rw")
         return value
+    if key == "runtime":
+        return _runtime(value, source)
+    if key == "cdi_spec_dirs":
+        dirs = value if isinstance(value, list) else None
+        if dirs is None or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
+            raise InputError(source, key, "expected a list of absolute paths")
+        return tuple(dirs)
     if key == "log_max_bytes":
         if not isinstance(value, int) or isinstance(value, bool) or value < 4096:
             raise InputError(source, key, "expected an integer >= 4096")
@@ -126,7 +178,22 @@ def _convert(key: str, value: Any, source: str) -> Any:
     return value
 
 
-_KEYS = frozenset(f.name for f in fields(Settings))
+# What the runtime wrapper (packaging/runtime, POSIX sh) can read back without a YAML parser.
+RUNTIME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-/")
+
+
+def _runtime(value: Any, source: str) -> str:
+    """One plain word: the wrapper reads this key with a shell loop, so both must agree on it."""
+    if not isinstance(value, str) or not value or not set(value) <= RUNTIME_CHARS:
+        raise InputError(source, "runtime", "expected a name or an absolute path (letters, digits, _.+-/)")
+    if "/" in value and not value.startswith("/"):
+        raise InputError(source, "runtime", "expected a name on PATH or an absolute path")
+    return value
+
+
+# NVIDIA's name for the same choice, kept as an alias: true = always, false = never.
+ALIAS = "accept_envvar_when_unprivileged"
+_KEYS = frozenset(f.name for f in fields(Settings)) | {ALIAS}
 
 
 def parse_settings(obj: Any, source: str) -> Settings:
@@ -135,11 +202,15 @@ def parse_settings(obj: Any, source: str) -> Settings:
         return Settings()
     if not isinstance(obj, dict):
         raise InputError(source, "", "expected a mapping of settings")
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in obj.items():
         if key not in _KEYS:
             raise InputError(source, str(key), "unknown setting")
-        values[key] = _convert(key, value, source)
+        name = "env_requests" if key == ALIAS else key
+        converted = _convert(key, value, source)
+        if name in values and values[name] != converted:
+            raise InputError(source, key, f"contradicts env_requests: {values[name]}; set only env_requests")
+        values[name] = converted
     return Settings(**values)
 
 

@@ -1,21 +1,32 @@
-"""The spec writer adapter: fold a decision into config.json, as a CDI-aware engine would hand it to runc.
+"""The spec writer adapter: fold a decision into config.json, as the runtime will then apply it.
 
-Rule: pure; takes the config as decoded JSON and returns a new one. CDI edits go first (the
-engine applies them before runc), then the Plan: rules appended after the config's own,
-created nodes added to ``linux.devices``, removed paths taken out of it.
+Rule: pure; takes the config as decoded JSON and returns a new one. Used by simulation's
+``--output-config`` and by ``hook precreate`` (the same fold, so what an operator simulates is
+what the runtime gets). CDI edits go first (what a CDI-aware engine does before runc), then the
+Plan: created nodes added to ``linux.devices``, removed paths taken out of it, rules appended after
+the config's own. A plan that denies (narrowing) rewrites the rules as an allow-list
+(``hook.allowlist``): runc's systemd driver and its v1 emulator both mishandle deny rules after an
+allow, and the allow-list is what survives a ``systemctl daemon-reload``.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from hook.plan import Plan
 
-__all__ = ["fold_plan"]
+if TYPE_CHECKING:
+    from hook.allowlist import HostDevices
+    from hook.cdi.edits import ContainerEdits
+
+__all__ = ["fold_plan", "fold_cdi", "cdi_already_applied"]
 
 
-def fold_plan(config: dict[str, Any], plan: Plan) -> dict[str, Any]:
+def fold_plan(config: dict[str, Any], plan: Plan, host: HostDevices | None = None) -> dict[str, Any]:
+    """``config`` with ``plan`` folded in; with ``host`` (the node's majors and nodes), a narrowing
+    plan's rules become an allow-list instead of allow-all plus denies."""
     out = copy.deepcopy(config)
     linux = out.setdefault("linux", {})
     gone = set(plan.remove)
@@ -26,5 +37,73 @@ def fold_plan(config: dict[str, Any], plan: Plan) -> dict[str, Any]:
             devices.append(node.to_json())
     linux["devices"] = devices
     resources = linux.setdefault("resources", {})
-    resources["devices"] = [*(resources.get("devices") or []), *(r.to_json() for r in plan.rules)]
+    rules = list(resources.get("devices") or [])
+    for rule in (r.to_json() for r in plan.rules):
+        if _last_touching(rules, rule) != rule:  # a CDI edit already appended this very rule last
+            rules.append(rule)
+    if host is not None and any(not r.allow for r in plan.rules):
+        rules = _allow_list(rules, devices, host)
+    resources["devices"] = rules
     return out
+
+
+def _last_touching(rules: list[Any], rule: dict[str, Any]) -> Any:
+    """The last rule that decides any access for ``rule``'s device(s): an identical one makes it a no-op."""
+    for old in reversed(rules):
+        if not isinstance(old, dict):
+            continue
+        if (old.get("type", "a") in ("a", rule.get("type"))
+                and old.get("major") in (None, rule.get("major"))
+                and old.get("minor") in (None, rule.get("minor"))):
+            return old
+    return None
+
+
+def _allow_list(rules: list[Any], devices: Iterable[Any], host: HostDevices) -> list[Any]:
+    from hook.allowlist import as_allow_list
+    from hook.oci import parse_rule
+    from hook.rules import DeviceType
+
+    parsed = [parse_rule(r, "config.json", f"linux.resources.devices[{i}]") for i, r in enumerate(rules)]
+    known = [
+        (DeviceType(d["type"]), int(d["major"]), int(d["minor"]))
+        for d in devices
+        if isinstance(d, dict) and d.get("type") in ("c", "b")
+    ]
+    return [r.to_json() for r in as_allow_list(parsed, host.majors, [*known, *host.nodes])]
+
+
+def cdi_already_applied(config: dict[str, Any], edits: ContainerEdits) -> bool:
+    """Every edit is already in the config: a CDI-aware engine (CRI-O, containerd with CDI on)
+    applied these devices itself, and applying them again would repeat mounts and hooks."""
+    process = config.get("process") or {}
+    env = set(process.get("env") or ())
+    linux = config.get("linux") or {}
+    paths = {d.get("path") for d in linux.get("devices") or () if isinstance(d, dict)}
+    dests = {m.get("destination") for m in config.get("mounts") or () if isinstance(m, dict)}
+    hooks = {
+        (h.get("path"), tuple(h.get("args") or ()))
+        for stage in (config.get("hooks") or {}).values()
+        for h in stage or ()
+        if isinstance(h, dict)
+    }
+    gids = set((process.get("user") or {}).get("additionalGids") or ())
+    nets = set((linux.get("netDevices") or {}).keys()) if isinstance(linux.get("netDevices"), dict) else set()
+    return (
+        set(edits.env) <= env
+        and {n.path for n in edits.device_nodes} <= paths
+        and {m.container_path for m in edits.mounts} <= dests
+        and {(h.path, tuple(h.args)) for h in edits.hooks} <= hooks
+        and {g for g in edits.additional_gids if g != 0} <= gids
+        and {n.host_interface_name for n in edits.net_devices} <= nets
+        and (edits.intel_rdt is None or linux.get("intelRdt") == edits.intel_rdt.to_oci())
+    )
+
+
+def fold_cdi(config: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
+    """``config`` with the CDI edits applied as the engine would, unless it already did."""
+    from hook.cdi.edits import apply_to_config
+
+    if edits.is_empty() or cdi_already_applied(config, edits):
+        return config
+    return apply_to_config(config, edits)

@@ -120,11 +120,19 @@ def alloc_resp(
     envs: dict[str, str] | None = None,
     devices: Sequence[tuple[str, str, str]] = (),
     cdi: Sequence[str] = (),
+    *,
+    mounts: Sequence[tuple[str, str]] = (),
+    annotations: dict[str, str] | None = None,
 ) -> bytes:
-    """Encode ``ContainerAllocateResponse{envs=1 (map), devices=3 (DeviceSpec), cdi_devices=5}``."""
+    """Encode ``ContainerAllocateResponse{envs=1 (map), mounts=2 (Mount), devices=3 (DeviceSpec),
+    annotations=4 (map), cdi_devices=5}`` as the kubelet stores it (deviceplugin/v1beta1 api.proto)."""
     out = b""
     for k, v in (envs or {}).items():
         out += _field(1, _field(1, k.encode()) + _field(2, v.encode()))
+    for cpath, hpath in mounts:  # Mount{container_path=1, host_path=2, read_only=3 (varint)}
+        out += _field(2, _field(1, cpath.encode()) + _field(2, hpath.encode()) + b"\x18\x01")
+    for k, v in (annotations or {}).items():
+        out += _field(4, _field(1, k.encode()) + _field(2, v.encode()))
     for cpath, hpath, perms in devices:
         out += _field(3, _field(1, cpath.encode()) + _field(2, hpath.encode()) + _field(3, perms.encode()))
     for name in cdi:

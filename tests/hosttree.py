@@ -6,7 +6,8 @@ which assumes them fails. With ``mknod=True`` (root only) /dev entries are real 
 nodes; with ``mknod=False`` they are plain files (pyfakefs cannot make device nodes).
 
 Topologies: ``1x`` (one H100, MIG off), ``8x`` (8 x H100, MIG off), ``8x-mig`` (seed 000: 8 x H100,
-MIG on card 0 only, with a 3g.40gb at GI 1 and a 2g.20gb at GI 2, CI 0 each).
+MIG on card 0 only, with a 3g.40gb at GI 1 and a 2g.20gb at GI 2, CI 0 each), ``4x-k8s`` (4 x H100,
+index != minor).
 """
 
 from __future__ import annotations
@@ -79,8 +80,18 @@ def _gpus(count: int, mig_on: frozenset[int] = frozenset()) -> tuple[GpuSpec, ..
     )
 
 
+# The Kubernetes live tests' node: NVML index (bus order) is not the minor (index 2 is /dev/nvidia3).
+K8S_MINORS: Final = (2, 0, 3, 1)
+
 TOPOLOGIES: Final[dict[str, HostSpec]] = {
     "1x": HostSpec(name="1x", gpus=_gpus(1), imex_major=None),
+    "4x-k8s": HostSpec(
+        name="4x-k8s",
+        gpus=tuple(
+            GpuSpec(index=i, minor=m, bus=f"0000:{_BUSES[i]}:00.0", uuid=_UUIDS[i])
+            for i, m in enumerate(K8S_MINORS)
+        ),
+    ),
     "8x": HostSpec(name="8x", gpus=_gpus(8)),
     "8x-mig": HostSpec(
         name="8x-mig",

@@ -111,3 +111,34 @@ def test_find_allocations_matches_pod_and_container() -> None:
         "ck",
     )
     assert [a.device_ids for a in find_allocations(allocs, POD_UID, CONTAINER)] == [("0",)]
+
+
+def test_volume_mounts_and_cdi_annotations_strategies_decoded() -> None:
+    resp = alloc_resp(
+        envs={"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"},
+        mounts=[("/var/run/nvidia-container-devices/GPU-2", "/dev/null")],
+        annotations={"cdi.k8s.io/nvidia-device-plugin_GPU-2": "nvidia.com/gpu=GPU-2"},
+    )
+    (a,) = parse_checkpoint(checkpoint([checkpoint_entry("nvidia.com/gpu", ["GPU-2"], resp)]), "ck")
+    assert a.mounts == (("/var/run/nvidia-container-devices/GPU-2", "/dev/null"),)
+    assert dict(a.annotations) == {"cdi.k8s.io/nvidia-device-plugin_GPU-2": "nvidia.com/gpu=GPU-2"}
+
+
+def test_only_this_containers_entries_are_decoded() -> None:
+    """Another pod's corrupt AllocResp cannot fail this container's decision."""
+    data = checkpoint(
+        [
+            checkpoint_entry("nvidia.com/gpu", ["0"], alloc_resp(cdi=["nvidia.com/gpu=0"])),
+            {"PodUID": "other", "ContainerName": "c", "AllocResp": "!!notbase64"},
+        ]
+    )
+    with pytest.raises(InputError):
+        parse_checkpoint(data, "ck")
+    (a,) = parse_checkpoint(data, "ck", (POD_UID, CONTAINER))
+    assert a.cdi_devices == ("nvidia.com/gpu=0",)
+
+
+def test_data_must_be_an_object() -> None:
+    with pytest.raises(InputError) as info:
+        parse_checkpoint(b'{"Data": []}', "ck")
+    assert info.value.field == "Data"

@@ -112,7 +112,7 @@ CASES = {
         "only r, w and m",
     ),
     "mig-env-not-all": Case(
-        _bundle(config(["NVIDIA_MIG_CONFIG_DEVICES=0"], privileged=True)),
+        _bundle(config(["NVIDIA_MIG_CONFIG_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=0"], privileged=True)),
         "{bundle}/config.json",
         "process.env.NVIDIA_MIG_CONFIG_DEVICES",
         "only 'all'",
@@ -237,7 +237,7 @@ def test_live_error_never_applies(name: str, tmp_path: Path) -> None:
         "import sys, hook.live, hook.apply.transaction as t\n"
         f"def rec(*a, **k): open({str(marks)!r}, 'a').write('applied\\n')\n"
         "t.apply_plan = rec\n"
-        f"hook.live._log = lambda r, s: open({str(marks)!r}, 'a').write('log ' + r['verdict'] + '\\n')\n"
+        f"hook.live._log = lambda r, s, *_: open({str(marks)!r}, 'a').write('log ' + r['verdict'] + '\\n')\n"
         "from hook.entry import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
@@ -298,11 +298,11 @@ def test_other_stages_are_no_ops(stage: str) -> None:
     assert (res.returncode, res.stdout, res.stderr) == (0, b"", b"")
 
 
-def test_unknown_stage_is_a_no_op_with_a_note() -> None:
-    """interface.md: any other stage is a no-op with exit 0 (a future OCI stage must not break starts)."""
+def test_unknown_stage_is_a_usage_error() -> None:
+    """interface.md: a word that is neither an OCI stage nor a subcommand is a usage error (exit 2)."""
     res = hook_live(b"{}", "prestop")
-    assert res.returncode == 0
-    assert res.stderr == b"oci-device-hook: stage 'prestop' is not prestart/createRuntime: no-op\n"
+    assert res.returncode == 2
+    assert b"'prestop' is not a subcommand" in res.stderr
 
 
 @pytest.mark.parametrize("stage", ["prestart", "createRuntime"])

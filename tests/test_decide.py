@@ -507,7 +507,9 @@ def test_checkpoint_absent_uses_other_evidence(tmp_path: Path, capsys) -> None:
     _rc, rep, _ = decide_for(tmp_path, cfg, capsys)
     assert not (tmp_path / "ckpt").exists()
     left_alone(rep)
-    assert rep["warnings"] == []
+    (warning,) = rep["warnings"]  # the image env is no request; the warning says what evidence was missing
+    assert warning.startswith("NVIDIA_VISIBLE_DEVICES=all ignored: the kubelet's checkpoint")
+    assert f"{tmp_path / 'ckpt'} is absent" in warning
 
 
 def test_checkpoint_corrupt_warns_and_uses_other_evidence(tmp_path: Path, capsys) -> None:

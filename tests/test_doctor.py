@@ -49,12 +49,29 @@ def host(tmp_path: Path) -> dict[str, Path]:
     mounts.write_text(V1_HYBRID)
     settings = tmp_path / "config.yaml"
     shutil.copy(REPO / "packaging/config.yaml", settings)
-    return {"root": root, "specs": specs, "hooks": hooks, "exe": exe, "mounts": mounts, "settings": settings}
+    host = tmp_path / "host"  # the kubelet's files: none (not a Kubernetes node) unless a test adds them
+    host.mkdir()
+    return {
+        "root": root,
+        "specs": specs,
+        "hooks": hooks,
+        "exe": exe,
+        "mounts": mounts,
+        "settings": settings,
+        "host": host,
+    }
 
 
 def _run(h: dict[str, Path], fmt: str = "json") -> tuple[list[dict], int]:
     out, code = doctor.run_doctor(
-        h["root"], [h["specs"]], [h["hooks"]], h["settings"], fmt, mounts_file=h["mounts"]
+        h["root"],
+        [h["specs"]],
+        [h["hooks"]],
+        h["settings"],
+        fmt,
+        mounts_file=h["mounts"],
+        containerd_config=h["root"] / "etc/containerd/config.toml",
+        host_root=h["host"],
     )
     return (json.loads(out) if fmt == "json" else out), code
 
@@ -66,7 +83,9 @@ def _by_name(checks: list[dict]) -> dict[str, dict]:
 def test_healthy_host_passes_every_check(host: dict[str, Path]) -> None:
     checks, code = _run(host)
     assert code == 0, checks
-    assert [c["name"] for c in checks] == ["driver", "cdi", "cgroup", "hooks.d", "settings"]
+    assert [c["name"] for c in checks] == [
+        "driver", "cdi", "cgroup", "hooks.d", "hooks.d order", "containerd", "settings", "kubelet"
+    ]  # fmt: skip
     assert all(set(c) >= {"name", "ok", "detail"} for c in checks)
     by = _by_name(checks)
     assert "nvidia 195" in by["driver"]["detail"] and "nvidia-caps 237" in by["driver"]["detail"]
@@ -81,7 +100,7 @@ def test_text_checklist_marks_and_hints(host: dict[str, Path]) -> None:
     assert "✓ cgroup: v1 hybrid" in text
     assert "✗ driver: " in text and "no major for nvidia-uvm, nvidia-caps" in text
     assert "    fix: load the NVIDIA kernel modules" in text
-    assert text.splitlines()[-1] == "4 of 5 checks passed"
+    assert text.splitlines()[-1] == "7 of 8 checks passed"
 
 
 def test_driver_missing(host: dict[str, Path], tmp_path: Path) -> None:
@@ -179,3 +198,58 @@ def test_failed_check_gives_exit_1_and_json_list(host: dict[str, Path]) -> None:
     assert isinstance(checks, list)
     failed = [c["name"] for c in checks if not c["ok"]]
     assert failed == ["settings"]
+
+
+# --- kubelet checkpoint (issue 12) ----------------------------------------------------------------
+
+K3S = "var/lib/rancher/k3s/agent/kubelet/device-plugins/kubelet_internal_checkpoint"
+MICROK8S = "var/snap/microk8s/common/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+DEFAULT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+
+
+def _checkpoint_at(host: Path, rel: str, data: bytes | None = None) -> Path:
+    from tests.bundles import alloc_resp, checkpoint, checkpoint_entry
+
+    path = host / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = [
+        checkpoint_entry("nvidia.com/gpu", ["GPU-1"], alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": "GPU-1"})),
+        checkpoint_entry("rdma/hca", ["0"], pod_uid="other-pod"),
+    ]
+    path.write_bytes(checkpoint(entries) if data is None else data)
+    return path
+
+
+def test_kubelet_no_checkpoint_is_not_a_kubernetes_node(host: dict[str, Path]) -> None:
+    c = doctor.check_kubelet(host["settings"], host["host"])
+    assert c.ok and c.detail.startswith("no kubelet checkpoint at /var/lib/kubelet/")
+    assert (
+        "env_trusted_namespaces: gpu-operator, nvidia-gpu-operator, nvidia-device-plugin, kube-system"
+        in c.detail
+    )
+
+
+def test_kubelet_default_checkpoint_covers_the_pods(host: dict[str, Path]) -> None:
+    _checkpoint_at(host["host"], DEFAULT)
+    c = doctor.check_kubelet(host["settings"], host["host"])
+    assert c.ok, c.detail
+    assert "2 allocation(s) of 2 pod(s), 1 of a GPU resource; pods on this node are covered" in c.detail
+
+
+@pytest.mark.parametrize("rel", [K3S, MICROK8S], ids=["k3s", "microk8s"])
+def test_kubelet_checkpoint_elsewhere_is_found_and_named_in_the_fix(host: dict[str, Path], rel: str) -> None:
+    _checkpoint_at(host["host"], rel)
+    checks, code = _run(host)
+    (c,) = [c for c in checks if c["name"] == "kubelet"]
+    assert (c["ok"], code) == (False, 1)
+    assert "pods on this node are not covered" in c["detail"]
+    assert c["fix"] == f"set kubelet_checkpoint: /{rel} in {host['settings']}"
+    host["settings"].write_text(f"kubelet_checkpoint: /{rel}\n")
+    c2 = doctor.check_kubelet(host["settings"], host["host"])
+    assert c2.ok and "covered" in c2.detail
+
+
+def test_kubelet_corrupt_checkpoint_fails_the_check(host: dict[str, Path]) -> None:
+    _checkpoint_at(host["host"], DEFAULT, b'{"Data": []}')
+    c = doctor.check_kubelet(host["settings"], host["host"])
+    assert not c.ok and "Data: expected an object" in c.detail

@@ -18,6 +18,11 @@ EXPECTED = {
     ),
     "device-plugin-seed001": ("apply", "allowed 1 and created 1 node(s) it requested"),
     "cpu": ("none", "no device requested"),
+    "k8s-image-env": (
+        "none",
+        "no device requested: NVIDIA_VISIBLE_DEVICES=all is no request here (see warnings)",
+    ),
+    "k8s-allocated": ("apply", "allowed 4 and created 4 node(s) it requested"),
     "privileged-no-allocation": (
         "none",
         "privileged container without a plugin allocation: all devices on purpose, left alone",
@@ -102,6 +107,22 @@ def test_output_config_folds_the_slice_decision(tmp_path: Path) -> None:
     folded = json.loads(out.read_text())
     paths = [d["path"] for d in folded["linux"]["devices"]]
     assert [p for p in paths if re.match(r"^/dev/nvidia[0-9]+$", p)] == ["/dev/nvidia1"]
-    rules = folded["linux"]["resources"]["devices"]
-    assert rules[0] == {"allow": True, "access": "rwm"}
-    assert {(r["major"], r["minor"]) for r in rules[1:] if not r["allow"]} >= {(195, 0), (195, 7), (237, 2)}
+    rules = folded["linux"]["resources"]["devices"]  # what precreate hands the runtime: an allow-list
+    assert rules[0] == {"allow": False, "type": "a", "major": None, "minor": None, "access": "rwm"}
+    assert all(r["allow"] for r in rules[1:])
+    gpus = {(r["major"], r["minor"]) for r in rules if r["type"] == "c" and r["major"] == 195}
+    assert gpus == {(195, 1), (195, 255)}  # its card and nvidiactl
+
+
+def test_k8s_pair_image_env_alone_is_no_request_but_the_allocation_is(tmp_path: Path) -> None:
+    """The same CUDA image (env ``all``): no GPU for the pod that asked for none, GPU 2 alone (and
+    the control nodes) for the pod the plugin allocated it to."""
+    _, out, _ = run_example("k8s-image-env", tmp_path, "json")
+    image = json.loads(out)
+    assert (image["requests"], image["cgroup"]) == ([], [])
+    assert image["kubernetes"]["namespace"] == "ml" and image["kubernetes"]["allocation"] == []
+    _, out, _ = run_example("k8s-allocated", tmp_path, "json")
+    allocated = json.loads(out)
+    gpus = [r for r in allocated["cgroup"] if r["major"] == 195 and r["minor"] < 255]
+    assert gpus == [{"allow": True, "type": "c", "major": 195, "minor": 2, "access": "rw"}]
+    assert allocated["evidence"] == ["mount"]

@@ -76,6 +76,10 @@ def _c(**kw: object) -> dict[str, object]:
         pytest.param(_c(env=["NVIDIA_VISIBLE_DEVICES=none"]), {}, True, id="env-none"),
         pytest.param(_c(env=["NVIDIA_VISIBLE_DEVICES=0"]), {}, True, id="env-index"),
         pytest.param(_c(env=["NVIDIA_MIG_MONITOR_DEVICES=all"]), {}, True, id="mig-env"),
+        pytest.param(_c(env=["NVIDIA_IMEX_CHANNELS=0"]), {}, True, id="imex-env"),
+        pytest.param(_c(env=["CUDA_VERSION=12.4"]), {}, True, id="legacy-cuda-image"),
+        pytest.param(_c(env=["CUDA_VERSION=1", "NVIDIA_REQUIRE_CUDA=cuda>=1"]), {}, False, id="modern-cuda"),
+        pytest.param(_c(env=["CUDA_VERSION=1", "NVIDIA_VISIBLE_DEVICES="]), {}, False, id="legacy-cuda-void"),
         pytest.param(_c(privileged=True), {}, True, id="privileged-allow-all"),
         pytest.param(
             _c(devices=[gen.node("/dev/null", 1, 3), gen.node("/dev/fuse", 10, 229)]),

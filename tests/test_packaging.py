@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "packaging"
 HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
 HOOKS_STAGES = {"createContainer", "createRuntime", "prestart", "poststart", "poststop", "startContainer"}
-SHELL_SCRIPTS = ["build-deb", "debian/postinst", "debian/prerm", "debian/postrm"]
+SHELL_SCRIPTS = ["build-deb", "runtime", "debian/postinst", "debian/prerm", "debian/postrm"]
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed")
 
 
@@ -80,8 +80,10 @@ def test_default_config_has_every_key_commented_out() -> None:
     keys = {m.group(1) for m in re.finditer(r"^#([a-z_]+):", text, re.M)}
     expected = {
         "privileged_allocation", "cdi_annotation_prefixes", "volume_mount_root", "kubelet_checkpoint",
-        "corroborating_env", "accelerator_nodes", "cdi_kinds", "accept_envvar_when_unprivileged",
+        "corroborating_env", "accelerator_nodes", "cdi_kinds", "env_requests",
+        "env_trusted_namespaces", "gpu_resources",
         "mig_management", "cap_access", "log_file", "log_max_bytes", "cache_dir",
+        "runtime", "driver_root", "cdi_spec_dirs",
     }  # fmt: skip
     assert keys == expected
 
@@ -102,6 +104,8 @@ def _write_fake_hook(lib: Path, marker: str) -> None:
         f"    print(json.dumps({{'marker': {marker!r}, 'isolated': sys.flags.isolated,"
         " 'argv': sys.argv[1:], 'path0': sys.path[0]}))\n"
         "    return 7\n"
+        "def run():\n"
+        "    sys.exit(main())\n"
     )
 
 
@@ -248,11 +252,13 @@ def test_cdi_hook_spec_example() -> None:
 
 
 def _k8s_docs() -> dict[str, dict]:
+    """Documents by kind; ConfigMaps by ``ConfigMap/<name>``."""
     docs = {}
     for path in sorted((PKG / "kubernetes").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             assert doc["apiVersion"] and doc["metadata"]["name"], path
-            docs[doc["kind"]] = doc
+            key = doc["kind"] if doc["kind"] != "ConfigMap" else f"ConfigMap/{doc['metadata']['name']}"
+            docs[key] = doc
     return docs
 
 
@@ -276,49 +282,39 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
     pod = docs["DaemonSet"]["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     host = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in volumes.values() if "hostPath" in v}
-    assert host["/usr/libexec/oci-device-hook"] == "DirectoryOrCreate"
-    assert host["/usr/share/containers/oci/hooks.d"] == "DirectoryOrCreate"
-    assert host["/etc/oci-device-hook"] == "DirectoryOrCreate"
-    mounted = {m["name"] for c in pod["containers"] for m in c["volumeMounts"]}
-    assert mounted == set(volumes)
-    cm = volumes["scripts"]["configMap"]["name"]
-    assert cm == docs["ConfigMap"]["metadata"]["name"]
-    assert {"install.sh", "uninstall.sh"} <= set(docs["ConfigMap"]["data"])
+    assert host == {"/": "Directory"}  # the node's root: libexec, hooks.d, containerd, chroot python3
+    mounts = {m["name"]: m for c in pod["containers"] for m in c["volumeMounts"]}
+    assert set(mounts) == set(volumes)
+    assert mounts["host-root"]["mountPath"] == "/host" and not mounts["host-root"].get("readOnly")
+    assert f"ConfigMap/{volumes['scripts']['configMap']['name']}" in docs
+    assert f"ConfigMap/{volumes['settings']['configMap']['name']}" in docs
+    scripts = docs["ConfigMap/oci-device-hook-scripts"]["data"]
+    assert {"install.sh", "uninstall.sh"} <= set(scripts)
+    settings = docs["ConfigMap/oci-device-hook-settings"]["data"]["config.yaml"]
+    from hook.settings import parse_settings
+
+    parse_settings(yaml.safe_load(settings), "configmap")  # the shipped settings are valid
 
 
 def _k8s_script(name: str, tmp_path: Path) -> Path:
     path = tmp_path / name
-    path.write_text(_k8s_docs()["ConfigMap"]["data"][name])
+    path.write_text(_k8s_docs()["ConfigMap/oci-device-hook-scripts"]["data"][name])
     subprocess.run(["sh", "-n", str(path)], check=True)
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", "-s", "sh", str(path)], check=True)
     return path
 
 
-def _payload(tmp_path: Path) -> Path:
-    src = tmp_path / "payload"
-    (src / "usr/libexec/oci-device-hook/lib/hook").mkdir(parents=True)
-    shutil.copy2(PKG / "launcher", src / "usr/libexec/oci-device-hook/hook")
-    (src / "etc/oci-device-hook").mkdir(parents=True)
-    shutil.copy2(PKG / "config.yaml", src / "etc/oci-device-hook/config.yaml")
-    (src / "usr/share/containers/oci/hooks.d").mkdir(parents=True)
-    shutil.copy2(REPO / "nvidia-hook.json", src / "usr/share/containers/oci/hooks.d/oci-device-hook.json")
-    return src
-
-
 def test_daemonset_installer_does_not_register_a_hook_the_node_cannot_run(tmp_path: Path) -> None:
-    host = {k: tmp_path / k for k in ("libexec", "hooksd", "etc")}
-    for d in host.values():
-        d.mkdir()
-    (host["hooksd"] / "oci-device-hook.json").write_text("{}")  # a stale registration
-    env = {"PATH": os.environ["PATH"], "SRC": str(_payload(tmp_path)), "HOST_LIBEXEC": str(host["libexec"]),
-           "HOST_HOOKS_D": str(host["hooksd"]), "HOST_ETC": str(host["etc"]),
-           "HOST_ROOT": str(tmp_path / "no-such-root")}  # fmt: skip
+    from tests.test_install import Node, make_tree
+
+    tree = make_tree(tmp_path / "tree")
+    node = Node(tmp_path / "node")
+    node.base.mkdir()
+    env = {"PATH": os.environ["PATH"], "SRC": str(tree), "HOST_ROOT": str(tmp_path / "no-such-root"),
+           "WATCH_SETTINGS": "false", "INSTALL_ARGS": " ".join(node.args()[2:])}  # fmt: skip
     proc = subprocess.run(["sh", str(_k8s_script("install.sh", tmp_path))], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 1
-    assert "not registering" in proc.stderr
-    assert not (host["hooksd"] / "oci-device-hook.json").exists()
-    assert (host["libexec"] / "hook").exists()
-    subprocess.run(
-        ["sh", str(_k8s_script("uninstall.sh", tmp_path))], env=env, check=True, capture_output=True
-    )
-    assert sorted(p.name for p in host["libexec"].iterdir()) == []
+    assert "cannot run the node's Python" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert list(node.base.iterdir()) == []  # nothing copied, nothing registered

@@ -43,6 +43,8 @@ def test_contract_keys_and_values(tmp_path: Path) -> None:
         "cgroup",
         "nodes",
         "warnings",
+        "denied",
+        "kubernetes",
     ]
     assert report["container"] == {"id": "ctr-7", "privileged": False, "sys_admin": True, "widened": False}
     assert report["requests"][0] == {

@@ -8,14 +8,15 @@ from typing import Any
 
 import pytest
 
-from hook.checkpoint import parse_checkpoint
+from hook.checkpoint import Kubelet, find_allocations, parse_checkpoint, pod_of
 from hook.errors import InputError
 from hook.oci import parse_config, parse_rule
 from hook.requests import collect, is_accelerator, is_privileged
-from hook.settings import Settings
+from hook.settings import EnvRequests, Settings
 from tests.bundles import (
     ALLOW_ALL,
     DEFAULT_RULES,
+    POD_ANNOTATIONS,
     alloc_resp,
     checkpoint,
     checkpoint_entry,
@@ -36,8 +37,21 @@ def collect_from(
     entries: list[dict[str, object]] | None = None,
 ) -> Any:
     c = parse_config(json.dumps(cfg).encode(), SRC, "/b")
-    allocs = parse_checkpoint(checkpoint(entries), "ck") if entries else ()
-    return collect(c, {**c.annotations, **(annotations or {})}, settings or Settings(), allocs)
+    merged = {**c.annotations, **(annotations or {})}
+    return collect(c, merged, settings or Settings(), kubelet_view(merged, entries))
+
+
+def kubelet_view(
+    annotations: dict[str, str], entries: list[dict[str, object]] | None, state: str = "read"
+) -> Kubelet | None:
+    """What gather would hand ``collect``: None outside Kubernetes, else this container's entries."""
+    pod = pod_of(annotations)
+    if pod is None:
+        return None
+    allocs = parse_checkpoint(checkpoint(entries or []), "ck") if state == "read" else ()
+    return Kubelet(
+        pod=pod, checkpoint="ck", state=state, allocations=find_allocations(allocs, pod.uid, pod.container)
+    )
 
 
 def items(reqs: Any) -> list[tuple[str, str, str, bool]]:
@@ -51,7 +65,7 @@ def test_cdi_annotations_prefix_and_comma_lists() -> None:
     reqs = collect_from(
         config(
             annotations={
-                "cdi.k8s.io/b": " nvidia.com/gpu=1 , nvidia.com/gpu=2",
+                "cdi.k8s.io/b": "nvidia.com/gpu=1,nvidia.com/gpu=2",
                 "cdi.k8s.io/a": "nvidia.com/gpu=0",
                 "cdi.k8s.io.alike/x": "nvidia.com/gpu=7",
                 "other": "nvidia.com/gpu=6",
@@ -64,6 +78,12 @@ def test_cdi_annotations_prefix_and_comma_lists() -> None:
         ("annotation:cdi.k8s.io/b", "nvidia.com/gpu=2", "cdi", True),
     ]
     assert reqs.evidence == ("annotation",)
+
+
+def test_cdi_annotation_values_are_not_trimmed() -> None:
+    """The reference splits at commas and refuses a name with a space (annotations_test.go)."""
+    with pytest.raises(InputError, match=r"cdi\.k8s\.io/b"):
+        collect_from(config(annotations={"cdi.k8s.io/b": "vendor.com/device=dev1, vendor.com/device=dev2"}))
 
 
 def test_custom_annotation_prefix() -> None:
@@ -194,12 +214,11 @@ def test_env_corroborated_by_plugin_only_siblings(extra: list[str], evidence: st
 
 
 def test_env_ignored_when_unprivileged_and_not_accepted() -> None:
-    s = Settings(accept_envvar_when_unprivileged=False)
+    s = Settings(env_requests=EnvRequests.NEVER)
     reqs = collect_from(config(["NVIDIA_VISIBLE_DEVICES=0"]), settings=s)
     assert reqs.items == ()
     assert reqs.warnings == (
-        "NVIDIA_VISIBLE_DEVICES ignored in an unprivileged container"
-        " (accept_envvar_when_unprivileged: false)",
+        "NVIDIA_VISIBLE_DEVICES ignored in an unprivileged container (env_requests: never)",
     )
     privileged = collect_from(config(["NVIDIA_VISIBLE_DEVICES=0"], privileged=True), settings=s)
     assert items(privileged) == [("env:NVIDIA_VISIBLE_DEVICES", "0", "nvidia", False)]
@@ -220,15 +239,24 @@ def test_env_ignored_when_unprivileged_and_not_accepted() -> None:
     ],
 )
 def test_mig_management_env(env: list[str], expected: list[tuple[str, str]]) -> None:
-    reqs = collect_from(config(env))
-    assert items(reqs) == [(src, "all", kind, False) for src, kind in expected]
+    reqs = collect_from(config([*env, "NVIDIA_VISIBLE_DEVICES=all"], privileged=True))
+    mig = [i for i in items(reqs) if i[2].startswith("mig-")]
+    assert mig == [(src, "all", kind, False) for src, kind in expected]
 
 
 @pytest.mark.parametrize("value", ["0", "GPU-a,all", "none"])
 def test_mig_management_only_all(value: str) -> None:
     with pytest.raises(InputError) as info:
-        collect_from(config([f"NVIDIA_MIG_CONFIG_DEVICES={value}"]))
+        env = [f"NVIDIA_MIG_CONFIG_DEVICES={value}", "NVIDIA_VISIBLE_DEVICES=0"]
+        collect_from(config(env, privileged=True))
     assert (info.value.file, info.value.field) == (SRC, "process.env.NVIDIA_MIG_CONFIG_DEVICES")
+
+
+@pytest.mark.parametrize("value", ["all", "0", "bogus"])
+def test_mig_management_ignored_without_a_gpu(value: str) -> None:
+    """NVIDIA's hook returns before the MIG envs when no GPU is requested (getNvidiaConfig)."""
+    reqs = collect_from(config([f"NVIDIA_MIG_CONFIG_DEVICES={value}", f"NVIDIA_MIG_MONITOR_DEVICES={value}"]))
+    assert items(reqs) == []
 
 
 # --- linux.devices with specific allow rules ------------------------------------------------------
@@ -255,8 +283,6 @@ def test_privileged_specific_rules_are_not_an_allocation() -> None:
 
 
 def test_checkpoint_requests_come_first_and_env_is_ignored() -> None:
-    from tests.bundles import POD_ANNOTATIONS
-
     resp = alloc_resp(
         envs={"NVIDIA_VISIBLE_DEVICES": "GPU-a"},
         devices=[("/dev/dri/renderD128", "/dev/dri/renderD129", "rw")],
@@ -278,7 +304,7 @@ def test_checkpoint_requests_come_first_and_env_is_ignored() -> None:
 
 def test_checkpoint_device_ids_fallback_for_nvidia_resources() -> None:
     reqs = collect_from(
-        config(),
+        config(annotations=POD_ANNOTATIONS),
         entries=[
             checkpoint_entry("nvidia.com/gpu", ["GPU-a::0", "GPU-a::1", "GPU-b"]),
             checkpoint_entry("example.com/fpga", ["fpga-0"]),
@@ -290,7 +316,9 @@ def test_checkpoint_device_ids_fallback_for_nvidia_resources() -> None:
 
 def test_checkpoint_volume_mount_strategy_env_is_not_an_id() -> None:
     resp = alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": ROOT})
-    reqs = collect_from(config(), entries=[checkpoint_entry("nvidia.com/gpu", ["GPU-a"], resp)])
+    reqs = collect_from(
+        config(annotations=POD_ANNOTATIONS), entries=[checkpoint_entry("nvidia.com/gpu", ["GPU-a"], resp)]
+    )
     assert items(reqs) == []
 
 

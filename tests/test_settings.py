@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hook.errors import InputError
-from hook.settings import MigManagement, Policy, Settings, load_settings, parse_settings
+from hook.settings import EnvRequests, MigManagement, Policy, Settings, load_settings, parse_settings
 
 
 def test_missing_default_file_means_defaults(tmp_path: Path) -> None:
@@ -46,7 +46,7 @@ def test_every_key_round_trips(tmp_path: Path) -> None:
     assert s.cdi_annotation_prefixes == ("cdi.k8s.io/", "x.io/")
     assert s.cdi_kinds == ("nvidia.com/gpu", "amd.com/gpu")
     assert dict(s.accelerator_nodes) == {"acme": ("acme[0-9]*",)}
-    assert s.accept_envvar_when_unprivileged is False
+    assert s.env_requests is EnvRequests.NEVER  # NVIDIA's name, kept as an alias
     assert (s.log_max_bytes, s.kubelet_checkpoint, s.corroborating_env) == (8192, "/tmp/ckpt", ("MY_*",))
 
 
@@ -65,6 +65,14 @@ def test_every_key_round_trips(tmp_path: Path) -> None:
         pytest.param(
             {"accept_envvar_when_unprivileged": "yes"}, "accept_envvar_when_unprivileged", id="bool"
         ),
+        pytest.param({"env_requests": "sometimes"}, "env_requests", id="env-requests-enum"),
+        pytest.param(
+            {"env_requests": "always", "accept_envvar_when_unprivileged": False},
+            "accept_envvar_when_unprivileged",
+            id="alias-contradicts",
+        ),
+        pytest.param({"env_trusted_namespaces": "gpu-operator"}, "env_trusted_namespaces", id="ns-not-list"),
+        pytest.param({"gpu_resources": []}, "gpu_resources", id="gpu-resources-empty"),
         pytest.param({"log_max_bytes": 100}, "log_max_bytes", id="log-small"),
         pytest.param({"log_max_bytes": True}, "log_max_bytes", id="log-bool"),
         pytest.param({"kubelet_checkpoint": "relative/ckpt"}, "kubelet_checkpoint", id="path-relative"),
@@ -91,3 +99,26 @@ def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
     assert info.value.file == str(p)
     assert info.value.field.startswith("line ")
     assert "not valid YAML" in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("doc", "mode"),
+    [
+        pytest.param({}, EnvRequests.AUTO, id="default-auto"),
+        pytest.param({"accept_envvar_when_unprivileged": True}, EnvRequests.ALWAYS, id="alias-true"),
+        pytest.param({"accept_envvar_when_unprivileged": False}, EnvRequests.NEVER, id="alias-false"),
+        pytest.param({"env_requests": "never", "accept_envvar_when_unprivileged": False}, EnvRequests.NEVER),
+    ],
+)
+def test_env_requests_and_its_nvidia_alias(doc: dict[str, object], mode: EnvRequests) -> None:
+    assert parse_settings(doc, "s.yaml").env_requests is mode
+
+
+def test_trusted_namespaces_default_to_nvidias_manifests_and_may_be_emptied() -> None:
+    assert Settings().env_trusted_namespaces == (
+        "gpu-operator",
+        "nvidia-gpu-operator",
+        "nvidia-device-plugin",
+        "kube-system",
+    )
+    assert parse_settings({"env_trusted_namespaces": []}, "s.yaml").env_trusted_namespaces == ()

@@ -70,15 +70,51 @@ def parse_list(text: str, source: str) -> tuple[ListEntry, ...]:
     return tuple(entries)
 
 
-def _pending(rules: Sequence[Rule], i: int) -> Access:
-    """Access bits of rule ``i`` that no later rule covering it re-decides (later rules win)."""
-    acc = rules[i].access
-    probe = rules[i]
-    for later in rules[i + 1 :]:
-        entry = ListEntry(later.type, later.major, later.minor, later.access)
-        if entry.covers(probe):
-            acc &= ~later.access
-    return acc
+_ALL = DeviceType.ALL
+_Key = tuple[DeviceType, int | None, int | None]
+
+
+def _wider(type: DeviceType, major: int | None, minor: int | None) -> set[_Key]:
+    """Every (type, major, minor) key that names all the devices this one names (itself included)."""
+    return {(t, a, b) for t in (_ALL, type) for a in (None, major) for b in (None, minor)}
+
+
+def _overlap_index(entries: Sequence[ListEntry]) -> dict[tuple[object, ...], int]:
+    """OR of the access bits of the entries, by every projection a rule query can take.
+
+    A key is (mask, type, major, minor): ``mask`` says which fields the querying rule names;
+    fields it leaves as a wildcard are ``...`` here, since any entry value overlaps them.
+    """
+    index: dict[tuple[object, ...], int] = {}
+    for e in entries:
+        for mask in range(8):
+            key = (
+                mask,
+                e.type if mask & 1 else ...,
+                e.major if mask & 2 else ...,
+                e.minor if mask & 4 else ...,
+            )
+            index[key] = index.get(key, 0) | e.access.value
+    return index
+
+
+def _overlapping_bits(index: dict[tuple[object, ...], int], rule: Rule) -> int:
+    """OR of the access bits of every entry that overlaps some device the rule names."""
+    named = (rule.type != _ALL, rule.major is not None, rule.minor is not None)
+    mask = named[0] | named[1] << 1 | named[2] << 2
+    values = (rule.type, rule.major, rule.minor)
+    wild = (_ALL, None, None)
+    options: list[tuple[object, ...]] = [(values[p], wild[p]) if named[p] else (...,) for p in range(3)]
+    return _or_lookup(index, mask, options)
+
+
+def _or_lookup(index: dict[tuple[object, ...], int], mask: int, options: list[tuple[object, ...]]) -> int:
+    bits = 0
+    for t in options[0]:
+        for a in options[1]:
+            for b in options[2]:
+                bits |= index.get((mask, t, a, b), 0)
+    return bits
 
 
 def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[str]:
@@ -86,22 +122,38 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[st
 
     An allow needs one entry covering all its devices and bits; a deny needs no entry that
     overlaps its devices to grant any denied bit. With a default-allow list denies are hidden
-    and only a wildcard deny (which flips the behaviour) can be checked.
+    and only a wildcard deny (which flips the behaviour) can be checked. Only the bits of a
+    rule that no later rule covering it re-decides are checked (later rules win).
+
+    Linear in rules and entries: the later rules' bits are gathered newest first by exact key,
+    and a rule looks up only the at most eight keys that can cover or overlap it.
     """
-    allow_all = [e for e in entries if e == ListEntry(DeviceType.ALL, None, None, Access.RWM)]
+    allow_all = any(e == ListEntry(_ALL, None, None, Access.RWM) for e in entries)
+    exact: dict[_Key, list[int]] = {}
+    for e in entries:
+        exact.setdefault((e.type, e.major, e.minor), []).append(e.access.value)
+    overlap = _overlap_index(entries) if not allow_all else {}
+    later: dict[_Key, int] = {}  # bits named by rules after the current one, by exact key
     failed = []
-    for i, rule in enumerate(rules):
-        acc = _pending(rules, i)
+    for rule in reversed(rules):
+        key = (rule.type, rule.major, rule.minor)
+        wider = _wider(*key)
+        redecided = 0
+        for k in wider:
+            redecided |= later.get(k, 0)
+        acc = rule.access.value & ~redecided
+        later[key] = later.get(key, 0) | rule.access.value
         if not acc:
             continue
         if allow_all:
             ok = rule.allow or rule.v1_line() != "a"
         elif rule.allow:
-            ok = any(e.covers(rule) and (e.access & acc) == acc for e in entries)
+            ok = any((bits & acc) == acc for k in wider for bits in exact.get(k, ()))
         else:
-            ok = not any(e.overlaps(rule) and (e.access & acc) for e in entries)
+            ok = not (_overlapping_bits(overlap, rule) & acc)
         if not ok:
             failed.append(("allow " if rule.allow else "deny ") + rule.v1_line())
+    failed.reverse()
     return failed
 
 
@@ -139,7 +191,7 @@ class CgroupV1:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise ApplyError(str(target), line, exc.strerror or str(exc)) from exc
+            raise ApplyError(str(target), f"write {line}", exc.strerror or str(exc)) from exc
 
     def apply(self, rules: Iterable[Rule]) -> AppliedV1:
         """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect."""

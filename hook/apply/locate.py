@@ -14,7 +14,17 @@ from pathlib import Path, PurePosixPath
 from hook.errors import ApplyError, InputError
 from hook.record import record
 
-__all__ = ["CgroupLine", "CgroupTarget", "Mount", "find", "parse_mountinfo", "parse_proc_cgroup"]
+__all__ = [
+    "CgroupLine",
+    "CgroupTarget",
+    "Mount",
+    "cgroup_problem",
+    "expected_cgroup",
+    "find",
+    "find_container",
+    "parse_mountinfo",
+    "parse_proc_cgroup",
+]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -122,17 +132,63 @@ def _pick_mount(mounts: tuple[Mount, ...], version: int, source: str) -> Mount:
     return found[0]
 
 
+def _device_lines(lines: tuple[CgroupLine, ...], version: int) -> tuple[list[CgroupLine], str]:
+    """The lines that name the cgroup the hook writes to: v1 ``devices``, v2 ``0::``."""
+    if version == 2:
+        return [ln for ln in lines if ln.hierarchy == 0 and not ln.controllers], "0:: line"
+    return [ln for ln in lines if "devices" in ln.controllers], "devices line"
+
+
+def expected_cgroup(cgroups_path: str) -> tuple[str, ...]:
+    """The path components ``linux.cgroupsPath`` puts a container in, as far as runc and crun agree.
+
+    ``/a/b`` and ``a/b`` (cgroupfs driver) name ``a/b`` below some root; ``slice:prefix:name``
+    (systemd driver) names the unit ``prefix-name.scope`` (or the slice ``name`` itself when it
+    ends in ``.slice``) somewhere below the slice tree. Empty means "no expectation".
+    """
+    path = cgroups_path.strip()
+    if not path:
+        return ()
+    parts = path.split(":")
+    if len(parts) == 3 and not path.startswith("/"):
+        _, prefix, name = parts
+        if name.endswith(".slice"):
+            return (name,)
+        return (f"{prefix}-{name}.scope" if prefix else f"{name}.scope",)
+    return tuple(p for p in PurePosixPath(path).parts if p != "/" and p != ".")
+
+
+def _runs_in(have: tuple[str, ...], want: tuple[str, ...]) -> bool:
+    """``want`` is a contiguous run of ``have`` ending at its last component or the one before it
+    (crun and systemd's delegation may put the process in one sub-cgroup of the named one)."""
+    n = len(want)
+    return any(have[end - n : end] == want for end in (len(have), len(have) - 1) if end >= n)
+
+
+def cgroup_problem(lines: tuple[CgroupLine, ...], version: int, cgroups_path: str) -> str:
+    """Why these ``/proc/<pid>/cgroup`` lines are not a container's ("" when they may be).
+
+    A root cgroup is never a container's (its rules would reach every container on the node);
+    where config.json names ``linux.cgroupsPath`` the process must be in that cgroup.
+    """
+    match, what = _device_lines(lines, version)
+    if not match:
+        return f"no {what} (cgroup v{version} host)"
+    have = tuple(p for p in PurePosixPath(match[0].path).parts if p != "/")
+    if not have:
+        return f"it is in the root cgroup ({what} {match[0].path!r})"
+    want = expected_cgroup(cgroups_path)
+    if want and not _runs_in(have, want):
+        return f"its cgroup {match[0].path!r} is not linux.cgroupsPath {cgroups_path!r}"
+    return ""
+
+
 def resolve(
     lines: tuple[CgroupLine, ...], mounts: tuple[Mount, ...], *, cgroup_source: str, mount_source: str
 ) -> CgroupTarget:
     """Pure core of ``find``: version from the mounts, path from the matching cgroup line."""
     version = cgroup_version(mounts)
-    if version == 2:
-        match = [ln for ln in lines if ln.hierarchy == 0 and not ln.controllers]
-        what = "0:: line"
-    else:
-        match = [ln for ln in lines if "devices" in ln.controllers]
-        what = "devices line"
+    match, what = _device_lines(lines, version)
     if not match:
         raise InputError(cgroup_source, what, f"missing (cgroup v{version} host)")
     cg_path = _checked(match[0].path, cgroup_source, what)
@@ -160,4 +216,34 @@ def find(pid: int, proc: Path = Path("/proc")) -> CgroupTarget:
     mi_file = proc / "self" / "mountinfo"
     lines = parse_proc_cgroup(_read(cg_file), str(cg_file))
     mounts = parse_mountinfo(_read(mi_file), str(mi_file))
+    return resolve(lines, mounts, cgroup_source=str(cg_file), mount_source=str(mi_file))
+
+
+def _namespace_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+def find_container(pid: int, cgroups_path: str, *, source: str, proc: Path = Path("/proc")) -> CgroupTarget:
+    """``find`` for the pid of a runtime's state, after checking that it is a container's.
+
+    A pid in the hook's own mount namespace (a host process), in a root cgroup, or outside
+    ``linux.cgroupsPath`` is refused with an ``InputError`` on ``source``'s ``pid`` field before
+    anything is written: rules written there would reach the host, and ``<bundle>/rootfs/dev``
+    would be edited on the host's disk.
+    """
+    try:
+        theirs = _namespace_id(proc / str(pid) / "ns" / "mnt")
+        ours = _namespace_id(proc / "self" / "ns" / "mnt")
+    except OSError as exc:
+        raise InputError(source, "pid", f"{pid}: {exc.filename}: {exc.strerror or exc}") from exc
+    if theirs == ours:
+        raise InputError(source, "pid", f"{pid} is not a container's: it shares the hook's mount namespace")
+    cg_file = proc / str(pid) / "cgroup"
+    mi_file = proc / "self" / "mountinfo"
+    lines = parse_proc_cgroup(_read(cg_file), str(cg_file))
+    mounts = parse_mountinfo(_read(mi_file), str(mi_file))
+    problem = cgroup_problem(lines, cgroup_version(mounts), cgroups_path)
+    if problem:
+        raise InputError(source, "pid", f"{pid} is not a container's: {problem}")
     return resolve(lines, mounts, cgroup_source=str(cg_file), mount_source=str(mi_file))

@@ -9,7 +9,7 @@ complete before ``apply_plan`` is called.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ class AppliedInfo:
     program_ids: dict[str, Any] = field(default_factory=dict)
     created: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (container path, why): node changes left to the cgroup
 
 
 def cgroup_adapter(target: locate.CgroupTarget) -> DeviceCgroup:
@@ -58,44 +59,70 @@ def _program_ids(applied: Any) -> dict[str, Any]:
     return {"replaced": list(applied.old_ids), "attached": list(applied.new_ids), "changed": applied.changed}
 
 
-def _fail(step: str, exc: Exception, undos: list[tuple[str, Callable[[], None]]]) -> ApplyError:
-    """Run every undo (newest first) and build the one error the caller sees."""
+def _fail(
+    step: str, exc: Exception, undos: list[tuple[str, Callable[[], None]]], where: str = ""
+) -> ApplyError:
+    """Run every undo (newest first) and build the one error the caller sees.
+
+    The line reads ``<file>: <step>[: <operation>]: <reason>``: the step once, the file (or the
+    container path) that failed, and each failed undo after it. An inner error that names no
+    path (``bpf(2)``) is put on ``where``, the step's own directory.
+    """
     problems = []
     for name, undo in reversed(undos):
         try:
             undo()
         except Exception as undo_exc:  # keep undoing the rest; report all
             problems.append(f"undo {name} failed: {undo_exc}")
-    reason = str(exc) + ("; " + "; ".join(problems) if problems else "")
-    file = exc.file if isinstance(exc, HookError) and exc.file else step
-    return ApplyError(file, step, reason)
+    if isinstance(exc, HookError):
+        file, detail, reason = exc.file, exc.field, exc.reason
+        if where and not file.startswith("/"):
+            file, detail = where, " ".join(p for p in (file, detail) if p)
+    elif isinstance(exc, OSError):
+        file, detail, reason = str(exc.filename or ""), "", exc.strerror or str(exc)
+    else:
+        file, detail, reason = "", "", str(exc)
+    field = f"{step}: {detail}" if detail and detail != step else step
+    reason += "".join(f"; {p}" for p in problems)
+    return ApplyError(file or step, field if file else "", reason)
 
 
-def apply_plan(plan: Plan, pid: int, *, proc: Path = Path("/proc"), rootfs: str | None = None) -> AppliedInfo:
+def apply_plan(
+    plan: Plan,
+    pid: int,
+    *,
+    proc: Path = Path("/proc"),
+    rootfs: str | None = None,
+    target: locate.CgroupTarget | None = None,
+    host_dev: Sequence[str] = ("/dev",),
+) -> AppliedInfo:
     """Apply ``plan`` to the container whose init is ``pid``; all or nothing.
 
     ``rootfs`` is the bundle's root path on the host (needed before pivot_root, i.e. for runc
-    prestart/createRuntime hooks; see ``devnodes``).
+    prestart/createRuntime hooks; see ``devnodes``). ``target`` is the cgroup already located
+    (and checked to be the container's, ``locate.find_container``); ``host_dev`` the host's
+    ``/dev`` directories, which node changes never touch.
     """
     undos: list[tuple[str, Callable[[], None]]] = []
-    try:
-        target = locate.find(pid, proc)
-    except (HookError, OSError) as exc:
-        raise _fail("locate cgroup", exc, undos) from exc
+    if target is None:
+        try:
+            target = locate.find(pid, proc)
+        except (HookError, OSError) as exc:
+            raise _fail("locate cgroup", exc, undos) from exc
     info: dict[str, Any] = {"cgroup_version": target.version, "cgroup_path": str(target.path)}
     if plan.rules:
-        step = f"cgroup v{target.version} {target.path}"
+        step = f"cgroup v{target.version}"
         try:
             cgroup = cgroup_adapter(target)
             undos.append(("cgroup", cgroup.rollback))
             info["program_ids"] = _program_ids(cgroup.apply(tuple(plan.rules)))
         except (HookError, OSError, ValueError) as exc:
-            raise _fail(step, exc, undos) from exc
+            raise _fail(step, exc, undos, str(target.path)) from exc
     if plan.create or plan.remove:
         try:
-            undo = devnodes.apply(pid, plan.create, plan.remove, rootfs=rootfs, proc=proc)
+            undo = devnodes.apply(pid, plan.create, plan.remove, rootfs=rootfs, proc=proc, host_dev=host_dev)
         except (HookError, OSError) as exc:
             raise _fail("device nodes", exc, undos) from exc
         undos.append(("device nodes", undo.run))
-        info["created"], info["removed"] = undo.created, undo.removed
+        info["created"], info["removed"], info["skipped"] = undo.created, undo.removed, undo.skipped
     return AppliedInfo(**info)

@@ -24,7 +24,7 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKe
            "file_key", "read", "write"]
 
 MAGIC: Final = "oci-device-hook/cdi-cache"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2  # 2: specs decoded the reference way (YAML for every file, Go conversions)
 CACHE_NAME: Final = "cdi-cache.json"
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 MAX_BYTES: Final = 64 << 20

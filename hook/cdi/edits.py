@@ -261,10 +261,10 @@ def _apply_mounts(config: dict[str, Any], mounts: tuple[Mount, ...]) -> None:
         entry = _mount_oci(m)
         options = entry.get("options", [])
         if userns and not ({"idmap", "ridmap"} & set(options)):
-            if m.type == "bind" or "bind" in options:
-                entry["options"] = [*options, "idmap"]
-            elif "rbind" in options:
+            if "rbind" in options:  # recursive bind: the recursive id-mapping, never plain idmap
                 entry["options"] = [*options, "ridmap"]
+            elif m.type == "bind" or "bind" in options:
+                entry["options"] = [*options, "idmap"]
         current.append(entry)
     current.sort(key=lambda mt: go_clean(str(mt.get("destination", ""))).count("/"))
 
@@ -318,6 +318,9 @@ def to_nodes_and_rules(edits: ContainerEdits) -> tuple[tuple[Node, ...], tuple[R
             continue
         if n.type not in ("b", "c", "u") or n.major is None or n.minor is None:
             raise InputError(n.source, f"{n.field}.type", f"device node {n.path} has no type/major/minor")
+        if not go_clean(n.path).startswith("/dev/"):  # a valid spec may say "dev/x"; we create only in /dev
+            raise InputError(n.source, f"{n.field}.path",
+                             f"device node {n.path!r}: the hook creates device nodes only under /dev")
         kind = "b" if n.type == "b" else "c"
         nodes.append(Node(path=n.path, type=kind, major=n.major, minor=n.minor,
                           file_mode=0o666 if n.file_mode is None else n.file_mode & 0o7777,

@@ -3,7 +3,8 @@
 Rule: the host node is ``driver_root / (hostPath or path)``, looked at with ``lstat`` (a
 symlink is never followed, so it is "not a device node"). A node that already names its type
 and major (or is a fifo) is "minimal": a missing host node is then fine. Otherwise a missing
-node, a non-device or a type mismatch is an InputError naming the spec file and the field.
+node, a non-device or a type mismatch is an InputError naming the spec file and the field (a
+``u`` node without a major always mismatches: lstat reports ``c``, as in the reference).
 A set major keeps the spec's major/minor; an unset (0 or absent) major takes both from the host.
 """
 
@@ -46,8 +47,7 @@ def fill_node(node: CdiDeviceNode, driver_root: Path) -> CdiDeviceNode:
     host_type = next((t for test, t in _HOST_TYPES if test(st.st_mode)), None)
     if host_type is None:
         raise InputError(node.source, field, f"{host} is not a device node")
-    wanted = "c" if node.type == "u" else node.type
-    if wanted and wanted != host_type:
+    if node.type and node.type != host_type:  # "u" too: a host node is never "u" (the reference's check)
         raise InputError(node.source, f"{node.field}.type",
                          f"type {node.type!r} does not match host node {host} (type {host_type!r})")
     node_type = node.type or host_type

@@ -3,8 +3,9 @@
 Rule: dirs are given lowest priority first (default ``/etc/cdi`` then ``/var/run/cdi``); each
 is scanned non-recursively, in lexical order, for ``*.json`` and ``*.yaml`` only. A broken file
 is skipped and reported under its path, never blocking the others. Per device, a higher
-priority dir wins; the same device twice at the same priority is dropped and the conflict is
-reported against both files. ``resolve`` is all or nothing: every unresolvable name is listed in
+priority dir wins; the same device twice at the same priority is a conflict reported against
+both files, and (as in the reference cache) that name then resolves nowhere, not even from a
+higher-priority dir. ``resolve`` is all or nothing: every unresolvable name is listed in
 one InputError before any edits are merged (spec edits once per spec, then device edits).
 Devices are built lazily, only for the specs a caller looks at.
 """
@@ -180,9 +181,8 @@ class Registry:
                     self._errors.setdefault(path, []).append(line)
                     conflicts[qualified] = priority
             self._index.update(dict.fromkeys(qualified_names, (priority, path)))
-        for qualified, priority in conflicts.items():
-            if self._index[qualified][0] == priority:
-                del self._index[qualified]
+        for qualified in conflicts:  # the reference drops a conflicted name whatever later dirs say
+            self._index.pop(qualified, None)
 
     @property
     def errors(self) -> Mapping[str, tuple[str, ...]]:

@@ -2,7 +2,10 @@
 
 Rule: every object in a spec is checked against one table below; an unknown key, a missing
 required key or a wrong type is a problem at a dotted field path (``devices[2].name``).
-``null`` for an optional key means "absent", as Go's zero value does. The checked document is
+``null`` for an optional key means "absent", as Go's zero value does. Values are converted as
+the reference's YAML-to-JSON step does against the Go types: a number or boolean where a string
+is wanted becomes its Go text (``0`` → ``"0"``, ``1.0`` → ``"1"``), an integral float fills an
+integer field, and keys match fields case-insensitively (``CDIVersion``). The checked document is
 plain JSON data again, so the parsed-spec cache can store it; ``edits_from_raw`` trusts it.
 """
 
@@ -12,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from hook.cdi.edits import CdiDeviceNode, ContainerEdits, Hook, IntelRdt, Mount, NetDevice
+from hook.cdi.yamlv2 import go_float32
 
 __all__ = ["Problem", "check", "SPEC", "edits_from_raw"]
 
@@ -21,22 +25,36 @@ INT64: Final = (-(2**63), 2**63 - 1)
 UINT32: Final = (0, 2**32 - 1)
 
 
-def _str(v: Any) -> str | None:
-    return None if isinstance(v, str) else "expected a string"
+_INT_RANGE: Final = (-(2**63), 2**64 - 1)  # what go-yaml v2 yields as an int (larger: big.Int)
 
 
-def _int(bounds: tuple[int, int]) -> Callable[[Any], str | None]:
-    def checker(v: Any) -> str | None:
+def _str(v: Any) -> tuple[Any, str | None]:
+    """A string field: numbers and booleans become their Go text (sigs.k8s.io/yaml's conversion)."""
+    if isinstance(v, str):
+        return v, None
+    if isinstance(v, bool):
+        return ("true" if v else "false"), None
+    if isinstance(v, int) and _INT_RANGE[0] <= v <= _INT_RANGE[1]:
+        return str(v), None
+    if isinstance(v, float):
+        return go_float32(v), None
+    return v, "expected a string"
+
+
+def _int(bounds: tuple[int, int]) -> Callable[[Any], tuple[Any, str | None]]:
+    def checker(v: Any) -> tuple[Any, str | None]:
+        if isinstance(v, float) and v.is_integer() and abs(v) < 1e21:
+            v = int(v)  # Go's JSON writes 5.0 as 5, which an integer field takes
         if isinstance(v, bool) or not isinstance(v, int):
-            return "expected an integer"
+            return v, "expected an integer"
         if not bounds[0] <= v <= bounds[1]:
-            return f"{v} is out of range {bounds[0]}..{bounds[1]}"
-        return None
+            return v, f"{v} is out of range {bounds[0]}..{bounds[1]}"
+        return v, None
     return checker
 
 
-def _bool(v: Any) -> str | None:
-    return None if isinstance(v, bool) else "expected true or false"
+def _bool(v: Any) -> tuple[Any, str | None]:
+    return v, None if isinstance(v, bool) else "expected true or false"
 
 
 # A schema node is a scalar checker, ("list", item), ("map", value-checker) or ("obj", keys, required).
@@ -75,7 +93,7 @@ def _join(prefix: str, key: str) -> str:
 def check(value: Any, schema: Schema, field: str, problems: list[Problem]) -> Any:
     """Check ``value`` against ``schema``; return the cleaned value (nulls dropped) or _MISSING."""
     if callable(schema):
-        reason = schema(value)
+        value, reason = schema(value)
         if reason:
             problems.append((field, reason, "type"))
             return _MISSING
@@ -91,27 +109,46 @@ def check(value: Any, schema: Schema, field: str, problems: list[Problem]) -> An
         if not isinstance(value, dict):
             problems.append((field, "expected a mapping", "type"))
             return _MISSING
-        out = {str(k): check(v, schema[1], f"{field}[{k!r}]", problems) for k, v in value.items()}
+        out = {str(k): check(v, schema[1], f"{field}[{str(k)!r}]", problems) for k, v in value.items()}
         return {k: v for k, v in out.items() if v is not _MISSING}
     return _check_object(value, schema, field, problems)
 
 
+def _fold(key: str) -> str:
+    """Go's JSON field matching folds case (and the Kelvin sign and long s, as Unicode does)."""
+    return key.replace("\u212a", "k").replace("\u017f", "s").lower()
+
+
+def _field_for(key: str, keys: dict[str, Any]) -> str | None:
+    if key in keys:
+        return key
+    folded = _fold(key)
+    return next((k for k in keys if k.lower() == folded), None)
+
+
 def _check_object(value: Any, schema: Schema, field: str, problems: list[Problem]) -> Any:
+    """An object as Go's JSON decoding fills a struct: keys in sorted order, matched exactly or
+    case-insensitively (the last of two spellings wins), unknown keys refused, null = absent."""
     _, keys, required = schema
     if not isinstance(value, dict):
         problems.append((field, "expected a mapping", "type"))
         return _MISSING
     out: dict[str, Any] = {}
-    for key, item in value.items():
-        sub = _join(field, str(key))
-        if key not in keys:
-            problems.append((sub, f"unknown field {key!r}", "strict-keys"))
-        elif item is not None:
-            checked = check(item, keys[key], sub, problems)
-            if checked is not _MISSING:
-                out[key] = checked
+    present: set[str] = set()
+    for key in sorted(value):
+        item = value[key]
+        name = _field_for(key, keys)
+        if name is None:
+            problems.append((_join(field, str(key)), f"unknown field {key!r}", "strict-keys"))
+            continue
+        if item is None:
+            continue
+        present.add(name)
+        checked = check(item, keys[name], _join(field, name), problems)
+        if checked is not _MISSING:
+            out[name] = checked
     for key in required:
-        if value.get(key) is None:
+        if key not in present:
             problems.append((_join(field, key), "required field is missing", "required"))
     return out
 

@@ -1,19 +1,19 @@
 """One CDI spec file: strict decoding, validation at load, and the frozen result.
 
-Rule: a spec is decoded strictly (JSON or YAML; unknown and duplicate keys rejected at every
-level), checked against the schema table, then validated (version gates, kind, device names,
-edits) *once*; anything wrong rejects the whole file with the file and the field named.
-Parsers take bytes, never paths: ``source`` only labels errors. YAML is imported only for
-``.yaml`` sources, so JSON specs never pay for it.
+Rule: a spec is decoded as the reference decodes it (YAML whatever the extension, first document
+only, go-yaml v2 scalars; unknown and duplicate keys rejected at every level, keys matched
+case-insensitively like Go's JSON), checked against the schema table, then validated (version
+gates, kind, device names, edits) *once*; anything wrong rejects the whole file with the file
+and the field named. Parsers take bytes, never paths: ``source`` only labels errors. A plain
+JSON document never imports YAML.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from hook.cdi import names, schema, version
+from hook.cdi import names, schema, version, yamlv2
 from hook.cdi.edits import HOOK_STAGES, ContainerEdits
 from hook.errors import InputError
 from hook.record import record
@@ -70,51 +70,11 @@ class Spec:
 # ---- decoding --------------------------------------------------------------------------------
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def _yaml_load(data: bytes) -> Any:
-    import yaml  # lazily: only YAML specs pay for it
-
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class StrictLoader(base):  # type: ignore[misc,valid-type]
-        pass
-
-    def mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
-        loader.flatten_mapping(node)
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            if key in out:
-                raise _DuplicateKey(f"{key} (line {key_node.start_mark.line + 1})")
-            out[key] = loader.construct_object(value_node, deep=deep)
-        return out
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    try:
-        return yaml.load(data, Loader=StrictLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ValueError(str(exc).replace("\n", " ")) from exc
-
-
 def decode(data: bytes, source: str) -> Any:
-    """Bytes → JSON-like data; ``.yaml`` sources are YAML, everything else JSON."""
+    """Bytes → JSON-like data. Every spec is YAML whatever its name (JSON is YAML), as in the reference."""
     try:
-        if source.endswith(".yaml"):
-            return _yaml_load(data)
-        return json.loads(data, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as exc:
+        return yamlv2.load(data)
+    except yamlv2.DuplicateKey as exc:
         raise SpecError(source, "", f"duplicate key {exc}", "duplicate-key") from exc
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise SpecError(source, "", f"cannot parse: {exc}", "syntax") from exc
@@ -129,14 +89,15 @@ def _env_problems(env: list[str], field: str) -> list[schema.Problem]:
 
 
 def _node_problems(node: dict[str, Any], field: str) -> list[schema.Problem]:
+    """The reference's DeviceNode.Validate: a path (any, even relative), a known type, sane numbers."""
     out: list[schema.Problem] = []
-    path, host = node.get("path", ""), node.get("hostPath", "")
-    if not path.startswith("/"):
-        out.append((f"{field}.path", f"device path {path!r} must be absolute", "device-path"))
-    if host and not host.startswith("/"):
-        out.append((f"{field}.hostPath", f"host path {host!r} must be absolute", "device-path"))
+    if node.get("path", "") == "":
+        out.append((f"{field}.path", "device path must not be empty", "device-path"))
     if node.get("type", "") not in ("", "b", "c", "u", "p"):
         out.append((f"{field}.type", f"invalid type {node['type']!r}: expected b, c, u or p", "device-type"))
+    for attr in ("major", "minor"):
+        if node.get(attr, 0) < 0:  # -1 is a cgroup wildcard: never from a spec
+            out.append((f"{field}.{attr}", f"negative device number {node[attr]}", "device-number"))
     perms = node.get("permissions", "")
     if perms != "none" and perms.strip("rwm"):
         out.append((f"{field}.permissions", f"invalid permissions {perms!r}: only r, w, m or 'none'",
@@ -149,8 +110,8 @@ def _hook_problems(hook: dict[str, Any], field: str) -> list[schema.Problem]:
     if hook.get("hookName") not in HOOK_STAGES:
         out.append((f"{field}.hookName", f"unknown hook name {hook.get('hookName')!r}: expected one of "
                     + ", ".join(HOOK_STAGES), "hook-name"))
-    if not hook.get("path", "").startswith("/"):
-        out.append((f"{field}.path", f"hook path {hook.get('path')!r} must be absolute", "hook-path"))
+    if hook.get("path", "") == "":
+        out.append((f"{field}.path", "hook path must not be empty", "hook-path"))
     return out + _env_problems(hook.get("env", []), f"{field}.env")
 
 

@@ -2,7 +2,10 @@
 
 Rule: accepted forms are ``all``, a GPU index, ``GPU-<uuid>``, ``MIG-<uuid>``,
 ``MIG-GPU-<uuid>/<gi>/<ci>``, ``<gpu index>:<mig index>`` and a PCI bus id (any domain width);
-matching is case-insensitive. Every unknown ID is named in one ``InputError``. Pure: no I/O.
+matching is case-insensitive. Every unknown ID is named in one ``InputError``. A ``G:M`` index is
+NVML's MIG order under GPU G: a MIG device known only from /proc (no UUID) is numbered by GI/CI
+id, which NVML does not promise, so such a match is refused with a clear line, never guessed.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ def _by_mig_index(inv: Inventory, token: str) -> tuple[Device, ...]:
     if match is None:
         return ()
     gpu, mig = int(match[1]), int(match[2])
-    return tuple(m for m in inv.migs if m.parent_index == gpu and m.index == mig)
+    found = tuple(m for m in inv.migs if m.parent_index == gpu and m.index == mig)
+    if any(m.uuid is None for m in found):  # numbered from /proc by (gi, ci): not NVML's order, proven
+        raise InputError("NVIDIA_VISIBLE_DEVICES", token, "a G:M index needs NVML (or a CDI spec) to know "
+                         "NVML's GI/CI order, and NVML could not be asked; use the MIG UUID instead")
+    return found
 
 
 def _by_uuid(inv: Inventory, low: str) -> tuple[Device, ...]:

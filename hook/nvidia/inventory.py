@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from hook import cachefile
 from hook.errors import InputError
@@ -19,6 +19,9 @@ from hook.nvidia import nvml, procfs
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
 from hook.nvidia.snapshot import SNAPSHOT_VERSION
 from hook.record import record, replace
+
+if TYPE_CHECKING:
+    from hook.nvidia.migminors import MigMinors
 
 __all__ = [
     "CACHE_NAME",
@@ -67,15 +70,75 @@ def read_snapshot(path: Path) -> Inventory:
     return replace(Inventory.from_json(data, str(path)), source="file")
 
 
-def _read_proc(driver_root: Path) -> _Proc:
-    caps, warnings = procfs.read_cap_table(driver_root)
+MINORS_CACHE_NAME: Final = "mig-minors.json"
+_MINORS_CACHE_VERSION: Final = 1
+
+
+def _minors_key(driver_root: Path, boot_id: str | None, version_text: str | None) -> list[object] | None:
+    """What the mig-minors table depends on: the driver build (its whole version text) in this boot.
+
+    The driver prints the same fixed table for every load of one build; a new build changes the
+    version text, a reboot the boot id. ``None`` (no caching) when either is unknown.
+    """
+    if not boot_id or not version_text:
+        return None
+    return [_MINORS_CACHE_VERSION, str(driver_root), boot_id, version_text]
+
+
+def _cached_minors(cache_dir: Path, key: list[object]) -> MigMinors | None:
+    """The cached table for ``key``, or None on a miss or anything malformed (then /proc is read)."""
+    from hook.nvidia.migminors import MigMinors
+
+    data = cachefile.read(str(cache_dir), MINORS_CACHE_NAME, MAX_CACHE_BYTES)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        ok = cachefile.current(doc, "mig-minors", _MINORS_CACHE_VERSION)
+        by_name = doc["by_name"] if ok and doc["key"] == key else None
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if not isinstance(by_name, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in by_name.items()
+    ):
+        return None
+    return MigMinors(by_name=by_name)
+
+
+def _mig_minors(
+    driver_root: Path, cache_dir: Path | None, key: list[object] | None
+) -> tuple[MigMinors | None, str]:
+    """mig-minors from the cache when its key matches, else parsed from /proc (and cached if clean)."""
+    if cache_dir is not None and key is not None:
+        cached = _cached_minors(cache_dir, key)
+        if cached is not None:
+            return cached, ""
+    minors = procfs.read_mig_minors(driver_root)
+    note = ""
+    if cache_dir is not None and key is not None and minors is not None and not minors.warnings:
+        record = {**cachefile.stamp("mig-minors", _MINORS_CACHE_VERSION), "key": key}
+        payload = json.dumps({**record, "by_name": dict(minors.by_name)}).encode()
+        note = _write_atomic(cache_dir, MINORS_CACHE_NAME, payload) or ""
+    return minors, note
+
+
+def _read_proc(driver_root: Path, cache_dir: Path | None = None) -> _Proc:
+    boot_id = procfs.read_boot_id(driver_root)
+    version_text = procfs.read_text(driver_root, procfs.VERSION_PATH, required=False)
+    driver_version = (
+        None
+        if version_text is None
+        else procfs.parse_driver_version(version_text, str(driver_root / procfs.VERSION_PATH))
+    )
+    minors, note = _mig_minors(driver_root, cache_dir, _minors_key(driver_root, boot_id, version_text))
+    caps, warnings = procfs.read_cap_table(driver_root, minors)
     return _Proc(
         majors=procfs.read_majors(driver_root),
-        driver_version=procfs.read_driver_version(driver_root),
+        driver_version=driver_version,
         infos=procfs.read_gpu_infos(driver_root),
         caps=caps,
-        boot_id=procfs.read_boot_id(driver_root),
-        warnings=warnings,
+        boot_id=boot_id,
+        warnings=warnings + ((note,) if note else ()),
     )
 
 
@@ -117,7 +180,11 @@ def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, 
 def write_cache(cache_dir: Path, key: dict[str, Any], inv: Inventory) -> str | None:
     """Write through ``hook.cachefile`` (0700 dir, O_EXCL temp file, rename); a failure is a warning."""
     record = {**cachefile.stamp("inventory", CACHE_FORMAT), "key": key, "inventory": inv.to_json()}
-    return cachefile.write(str(cache_dir), CACHE_NAME, json.dumps(record, sort_keys=True).encode())
+    return _write_atomic(cache_dir, CACHE_NAME, json.dumps(record, sort_keys=True).encode())
+
+
+def _write_atomic(cache_dir: Path, name: str, payload: bytes) -> str | None:
+    return cachefile.write(str(cache_dir), name, payload)
 
 
 def _proc_migs(
@@ -125,13 +192,19 @@ def _proc_migs(
 ) -> tuple[MigDevice, ...]:
     """MIG devices known only from capability nodes (no UUID), numbered per parent by (gi, ci)."""
     out: list[MigDevice] = []
+    taken: dict[int, int] = {}
+    for key in skip:
+        taken[key[0]] = taken.get(key[0], 0) + 1
+    by_gpu: dict[int, list[tuple[int, int, int]]] = {}
+    for key in caps.instances():  # once, grouped by parent: linear in GPUs + instances
+        if key not in skip:
+            by_gpu.setdefault(key[0], []).append(key)
     for gpu in gpus:
-        taken = len([key for key in skip if key[0] == gpu.minor])
-        keys = [key for key in caps.instances() if key[0] == gpu.minor and key not in skip]
-        for n, (minor, gi, ci) in enumerate(sorted(keys)):
+        first = taken.get(gpu.minor, 0)
+        for n, (minor, gi, ci) in enumerate(sorted(by_gpu.get(gpu.minor, ()))):
             out.append(
                 MigDevice(
-                    uuid=None, parent_minor=minor, parent_index=gpu.index, gi=gi, ci=ci, index=taken + n
+                    uuid=None, parent_minor=minor, parent_index=gpu.index, gi=gi, ci=ci, index=first + n
                 )
             )
     return tuple(out)
@@ -190,7 +263,7 @@ def load(
     """The host inventory: file > cache > /proc > NVML (see the module rule)."""
     if inventory_file is not None:
         return read_snapshot(inventory_file)
-    proc = _read_proc(driver_root)
+    proc = _read_proc(driver_root, cache_dir)
     key = cache_key(proc)
     notes: tuple[str, ...] = ()
     if cache_dir is not None and key is not None:

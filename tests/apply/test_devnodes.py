@@ -197,3 +197,77 @@ def test_missing_process_names_its_namespace_file(tmp_path: Path) -> None:
     with pytest.raises(ApplyError) as info:
         devnodes.apply(424242, [CAP2], [], proc=tmp_path)
     assert info.value.file == str(tmp_path / "424242" / "ns" / "mnt")
+
+
+# ---- issue 11 item 1: never on the host's /dev ----------------------------------------------------
+
+
+def host_dir_with_node(tmp_path: Path) -> Path:
+    """A directory on the host's root filesystem standing in for the host's /dev (one fake node)."""
+    host_dir = tmp_path / "host-dev"
+    host_dir.mkdir()
+    os.mknod(host_dir / "nvidia0", stat.S_IFCHR | 0o666, os.makedev(195, 0))
+    return host_dir
+
+
+def test_dev_on_the_host_filesystem_is_left_alone(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    """/dev bound from a host directory (same st_dev as the host's /): every change is skipped."""
+    root, host_dir = make_rootfs(tmp_path), host_dir_with_node(tmp_path)
+    pid = spawn(f"mount --bind {host_dir} {root}/dev && echo ready && exec sleep 600")
+    undo = devnodes.apply(pid, [CAP2], ["/dev/nvidia0"], rootfs=str(root))
+    assert undo.journal == () and {p for p, _ in undo.skipped} == {CAP2.path, "/dev/nvidia0"}
+    assert all("host filesystem" in why for _, why in undo.skipped)
+    assert sorted(p.name for p in host_dir.iterdir()) == ["nvidia0"]
+
+
+def test_dev_of_a_listed_host_dev_dir_is_left_alone(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    """``host_dev`` names <driver-root>/dev; a container /dev on its filesystem is the host's too.
+    Here the container's tmpfs is reached from this namespace through /proc/<pid>/root."""
+    root = make_rootfs(tmp_path)
+    pid = spawn(unpivoted(root, f"mknod {root}/dev/nvidia0 c 195 0 &&"))
+    their_dev = in_ns(pid, root, "/dev")
+    undo = devnodes.apply(pid, [], ["/dev/nvidia0"], rootfs=str(root), host_dev=("/dev", str(their_dev)))
+    assert undo.journal == () and [p for p, _ in undo.skipped] == ["/dev/nvidia0"]
+    assert stat.S_ISCHR(os.lstat(their_dev / "nvidia0").st_mode)
+
+
+def test_host_bind_below_dev_is_not_crossed(
+    tmp_path: Path, spawn: Callable[[str], int], resolver: str
+) -> None:
+    """A hostPath /dev/nvidia-caps in a tmpfs /dev: cards are changed, nothing under the bind."""
+    root, host_dir = make_rootfs(tmp_path), host_dir_with_node(tmp_path)
+    caps = f"mkdir {root}/dev/nvidia-caps && mount --bind {host_dir} {root}/dev/nvidia-caps"
+    pid = spawn(unpivoted(root, f"{caps} && mknod {root}/dev/nvidia1 c 195 1 &&"))
+    undo = devnodes.apply(pid, [CAP2], ["/dev/nvidia1", "/dev/nvidia-caps/nvidia0"], rootfs=str(root))
+    assert undo.removed == ("/dev/nvidia1",) and undo.created == ()
+    assert {p for p, _ in undo.skipped} == {CAP2.path, "/dev/nvidia-caps/nvidia0"}
+    assert all("another mount" in why for _, why in undo.skipped)
+    assert sorted(p.name for p in host_dir.iterdir()) == ["nvidia0"]
+
+
+def test_bind_mounted_host_node_is_not_removed(tmp_path: Path, spawn: Callable[[str], int]) -> None:
+    root, host_dir = make_rootfs(tmp_path), host_dir_with_node(tmp_path)
+    node = f"{root}/dev/nvidia0"
+    pid = spawn(unpivoted(root, f"touch {node} && mount --bind {host_dir}/nvidia0 {node} &&"))
+    undo = devnodes.apply(pid, [], ["/dev/nvidia0"], rootfs=str(root))
+    assert undo.journal == () and [p for p, _ in undo.skipped] == ["/dev/nvidia0"]
+    assert stat.S_ISCHR(os.lstat(host_dir / "nvidia0").st_mode)
+
+
+# ---- issue 11 item 9: one error line, the step once, the file named -----------------------------
+
+
+def test_mknod_failure_names_the_node_and_the_operation(
+    tmp_path: Path, spawn: Callable[[str], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = make_rootfs(tmp_path)
+    pid = spawn(unpivoted(root))
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "mknod", full)  # the forked child inherits it
+    with pytest.raises(ApplyError) as info:
+        devnodes.apply(pid, [CAP2], [], rootfs=str(root))
+    assert str(info.value) == f"{CAP2.path}: mknod: No space left on device"
+    assert not in_ns(pid, root, "/dev/nvidia-caps").exists()  # the parent directory was undone

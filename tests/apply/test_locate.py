@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from hook.apply.locate import CgroupTarget, find, parse_mountinfo, parse_proc_cgroup, resolve
+from hook.apply.locate import (
+    CgroupTarget,
+    cgroup_problem,
+    expected_cgroup,
+    find,
+    find_container,
+    parse_mountinfo,
+    parse_proc_cgroup,
+    resolve,
+)
 from hook.errors import ApplyError, InputError
 
 HYBRID_MOUNTS = """\
@@ -113,3 +122,99 @@ def test_find_on_this_host_matches_own_cgroup_file() -> None:
     line = next(ln for ln in text.splitlines() if (":devices:" in ln) == (got.version == 1) and ln)
     assert str(got.path).endswith(line.split(":", 2)[2].rstrip("/")) or line.endswith(":/")
     assert got.path.is_dir()
+
+
+# ---- issue 11 item 2: the state's pid must be a container's ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cgroups_path", "want"),
+    [
+        ("", ()),
+        ("/odh-live/abc", ("odh-live", "abc")),
+        ("kubepods/burstable/pod1/abc", ("kubepods", "burstable", "pod1", "abc")),
+        ("kubepods-burstable-pod1.slice:cri-containerd:abc", ("cri-containerd-abc.scope",)),
+        ("system.slice:docker:abc", ("docker-abc.scope",)),
+        ("machine.slice::abc", ("abc.scope",)),
+        ("user.slice:prefix:my.slice", ("my.slice",)),
+    ],
+)
+def test_expected_cgroup_reads_runtime_syntax(cgroups_path: str, want: tuple[str, ...]) -> None:
+    assert expected_cgroup(cgroups_path) == want
+
+
+SYSTEMD_V2 = (
+    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "version", "cgroups_path", "problem"),
+    [
+        (HYBRID_CGROUP, 1, "/ctr/abc", ""),
+        (HYBRID_CGROUP, 1, "", ""),
+        (HYBRID_CGROUP, 1, "/ctr/other", "is not linux.cgroupsPath"),
+        (HYBRID_CGROUP, 1, "/abc", ""),  # the runtime's own cgroup namespace may hide a prefix
+        (HYBRID_CGROUP, 1, "/bc", "is not linux.cgroupsPath"),  # whole components only
+        ("5:devices:/\n0::/ctr/abc\n", 1, "", "root cgroup"),  # v1: the devices line decides
+        ("5:devices:/ctr/abc\n0::/\n", 2, "", "root cgroup"),  # v2: the 0:: line decides
+        ("5:devices:/ctr/abc\n0::/\n", 1, "/ctr/abc", ""),  # hybrid: a root 0:: line is not ours to write
+        ("0::/\n", 2, "/ctr/abc", "root cgroup"),
+        ("4:memory:/x\n", 1, "", "no devices line"),
+        (SYSTEMD_V2, 2, "kubepods-burstable-pod1.slice:cri-containerd:abc", ""),
+        (SYSTEMD_V2, 2, "kubepods-burstable-pod1.slice:cri-containerd:def", "is not linux.cgroupsPath"),
+        (
+            "0::/machine.slice/libpod-abc.scope/container\n",
+            2,
+            "machine.slice:libpod:abc",
+            "",
+        ),  # crun subgroup
+    ],
+)
+def test_cgroup_problem(cgroup: str, version: int, cgroups_path: str, problem: str) -> None:
+    got = cgroup_problem(parse_proc_cgroup(cgroup, "cg"), version, cgroups_path)
+    assert (problem in got) if problem else got == ""
+
+
+def fake_proc(tmp_path: Path, cgroup: str, *, same_ns: bool) -> Path:
+    """A fake /proc: pid 42 with ``cgroup``; its ns is this process's own or another namespace file."""
+    (tmp_path / "42" / "ns").mkdir(parents=True)
+    (tmp_path / "self" / "ns").mkdir(parents=True)
+    (tmp_path / "42" / "cgroup").write_text(cgroup)
+    (tmp_path / "self" / "mountinfo").write_text(HYBRID_MOUNTS)
+    (tmp_path / "self" / "ns" / "mnt").write_text("ours")
+    if same_ns:
+        (tmp_path / "42" / "ns" / "mnt").hardlink_to(tmp_path / "self" / "ns" / "mnt")
+    else:
+        (tmp_path / "42" / "ns" / "mnt").write_text("theirs")
+    return tmp_path
+
+
+def test_find_container_accepts_a_container(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, HYBRID_CGROUP, same_ns=False)
+    assert find_container(42, "/ctr/abc", source="state", proc=proc).path == Path(
+        "/sys/fs/cgroup/devices/ctr/abc"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "same_ns", "cgroups_path", "why"),
+    [
+        (HYBRID_CGROUP, True, "/ctr/abc", "shares the hook's mount namespace"),
+        ("5:devices:/\n0::/\n", False, "", "root cgroup"),
+        (HYBRID_CGROUP, False, "/ctr/xyz", "linux.cgroupsPath"),
+    ],
+)
+def test_find_container_refuses_one_line_on_the_pid_field(
+    tmp_path: Path, cgroup: str, same_ns: bool, cgroups_path: str, why: str
+) -> None:
+    proc = fake_proc(tmp_path, cgroup, same_ns=same_ns)
+    with pytest.raises(InputError) as info:
+        find_container(42, cgroups_path, source="state (stdin)", proc=proc)
+    assert (info.value.file, info.value.field) == ("state (stdin)", "pid")
+    assert why in info.value.reason and str(info.value).count("\n") == 0
+
+
+def test_find_container_refuses_this_very_process() -> None:
+    with pytest.raises(InputError, match="mount namespace"):
+        find_container(os.getpid(), "", source="state")

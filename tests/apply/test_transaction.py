@@ -164,3 +164,51 @@ def test_v1_target_does_not_import_cgroup_v2(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delitem(sys.modules, "hook.apply.cgroup_v2", raising=False)
     transaction.cgroup_adapter(transaction.locate.CgroupTarget(version=1, path=Path("/x")))
     assert "hook.apply.cgroup_v2" not in sys.modules
+
+
+# ---- issue 11 item 9: the line says the step once and names the file ---------------------------
+
+
+def test_node_failure_line_names_node_and_step_once(
+    world: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "mknod", full)  # the forked devnodes child inherits it
+    with pytest.raises(ApplyError) as info:
+        run(world)
+    line = str(info.value)
+    assert line == f"{CAP2.path}: device nodes: mknod: No space left on device"
+    assert probe(world["cgroup"], *world["nodes"]) == [ENXIO, ENXIO]  # the cgroup step was undone
+
+
+class _FullOs:
+    """``os`` for cgroup_v1 whose writes fail as on a full cgroup (ENOSPC)."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    @staticmethod
+    def write(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_cgroup_write_failure_line_names_the_file_and_rule(
+    world: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hook.apply import cgroup_v1
+
+    monkeypatch.setattr(cgroup_v1, "os", _FullOs())
+    with pytest.raises(ApplyError) as info:
+        run(world)
+    deny = Path(world["cgroup"]) / "devices.deny"
+    assert str(info.value).startswith(f"{deny}: cgroup v1: write c 195:1 rwm: No space left on device")
+    assert str(info.value).count("cgroup v1") == 1
+    assert not cap2_in(world).exists()
+
+
+def test_locate_failure_line_names_the_file_once(tmp_path: Path) -> None:
+    with pytest.raises(ApplyError) as info:
+        apply_plan(PLAN, 4242, proc=tmp_path)
+    assert str(info.value).count(str(tmp_path / "4242" / "cgroup")) == 1

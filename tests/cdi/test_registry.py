@@ -44,13 +44,16 @@ def test_same_priority_conflict_drops_device_and_blames_both(tmp_path: Path) -> 
     assert registry.errors == {str(a): (line,), str(b): (line,)}
 
 
-def test_higher_priority_resolves_lower_conflict(tmp_path: Path) -> None:
+def test_lower_priority_conflict_is_not_rescued_by_higher_dir(tmp_path: Path) -> None:
+    """The reference cache deletes a conflicted name after the scan, whatever later dirs define."""
     etc, run = tmp_path / "etc", tmp_path / "run"
     write_spec(etc, "a.json", base_spec())
     write_spec(etc, "b.json", base_spec())
     write_spec(run, "c.json", base_spec(devices=[device("d0", env=["RUN=1"])]))
     registry = Registry.load([etc, run])
-    assert _env_of(registry, "vendor.com/dev=d0") == ("RUN=1",)
+    assert "vendor.com/dev=d0" not in registry.devices
+    with pytest.raises(InputError, match=r"unresolvable CDI devices vendor\.com/dev=d0"):
+        registry.resolve(["vendor.com/dev=d0"])
     assert set(registry.errors) == {str(etc / "a.json"), str(etc / "b.json")}
 
 

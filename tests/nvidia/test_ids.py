@@ -82,7 +82,8 @@ def test_unknown_ids_are_all_named(inv: Inventory) -> None:
 def test_mig_uuid_unknown_without_nvml_says_why(fake_host) -> None:
     root, _ = fake_host("8x-mig")
     proc_only = inventory.load(root, None, None, need_migs=False)
-    assert _ids(resolve(proc_only, ["0:1"])) == [None]
+    with pytest.raises(InputError, match="G:M index needs NVML"):  # /proc cannot prove NVML's order
+        resolve(proc_only, ["0:1"])
     with pytest.raises(InputError, match="MIG UUIDs are unknown"):
         resolve(proc_only, [MIG_A])
 

@@ -48,7 +48,8 @@ def test_mig_uuids_come_from_nvml_then_cache(fake_host, nvml_for) -> None:
     second = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
     assert fake.init_calls == 1 and second.source == "cache"
     assert (second.gpus, second.migs, second.caps) == (first.gpus, first.migs, first.caps)
-    assert [p.name for p in CACHE.iterdir()] == ["inventory.json"]  # no temp file left
+    names = sorted(p.name for p in CACHE.iterdir())
+    assert names == ["inventory.json", "mig-minors.json"]  # no temp file left
 
 
 def _change_boot(root: Path) -> None:

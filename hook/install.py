@@ -1,0 +1,495 @@
+"""Install, register, upgrade, roll back and uninstall the hook on a node (the DaemonSet's work).
+
+Rule: the imperative shell around ``hook.engines``. Each version lives in its own directory,
+``<libexec>/versions/<version>``, byte-compiled by the node's own Python; one symlink,
+``<libexec>/current``, is switched by renaming a new symlink over it, so a hook that has started
+keeps importing from the version it started with (the launcher resolves its real path once).
+Nothing is registered before the node's Python is checked and the new version imports there.
+Every change to an engine's config is recorded in ``<state>/install.json`` with what it replaced,
+so uninstall undoes exactly that and nothing else. Engines are restarted only when asked.
+
+Paths given as options are the node's paths (what the engine reads); ``--root`` says where the
+node's filesystem is mounted (``/host`` in the DaemonSet) and ``chroot`` runs the node's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hook import engines
+from hook.errors import HookError, InputError
+
+__all__ = ["main", "install", "uninstall"]
+
+MIN_PYTHON = (3, 11)
+PKG = "oci-device-hook"
+DEFAULTS = {
+    "libexec": "/usr/libexec/oci-device-hook",
+    "hooks_dir": "/usr/share/containers/oci/hooks.d",
+    "etc": "/etc/oci-device-hook",
+    "state_dir": "/var/lib/oci-device-hook",
+    "containerd_config": "/etc/containerd/config.toml",
+    "python": "/usr/bin/python3",
+}
+OTHER_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
+CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
+RECORD = "install.json"
+
+
+class InstallError(HookError):
+    """The install or uninstall cannot go on; nothing (more) was changed."""
+
+
+class Node:
+    """The node's filesystem as the installer sees it: node paths mapped under ``root``."""
+
+    def __init__(self, root: str, opts: argparse.Namespace) -> None:
+        self.root = root
+        self.opts = opts
+
+    def path(self, node_path: str) -> Path:
+        return Path(self.root) / node_path.lstrip("/") if self.root != "/" else Path(node_path)
+
+    def run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        cmd = argv if self.root == "/" else ["chroot", self.root, *argv]
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            return subprocess.CompletedProcess(cmd, 127, "", str(exc))
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"{PKG}: {text}\n")
+
+
+def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _atomic_symlink(target: str, link: Path) -> None:
+    """Point ``link`` at ``target`` in one rename: a reader sees the old or the new link, never none."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_record(node: Node) -> dict[str, Any]:
+    path = node.path(node.opts.state_dir) / RECORD
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise InstallError(str(path), "", f"unreadable install record ({exc})") from None
+    return obj if isinstance(obj, dict) else {}
+
+
+def _write_record(node: Node, rec: dict[str, Any]) -> None:
+    data = json.dumps(rec, indent=2, sort_keys=True) + "\n"
+    _atomic_write(node.path(node.opts.state_dir) / RECORD, data.encode())
+
+
+# --- checks ------------------------------------------------------------------------------------------
+
+
+def check_python(node: Node) -> str:
+    """The node's Python version, or InstallError with one line when it cannot run the hook."""
+    python = node.opts.python
+    proc = node.run([python, "-ISc", "import sys; print('%d.%d' % sys.version_info[:2])"])
+    if proc.returncode != 0:
+        why = proc.stderr.strip()[:200]
+        raise InstallError(python, "", f"cannot run the node's Python (the hook needs Python >= 3.11): {why}")
+    version = proc.stdout.strip()
+    major, _, minor = version.partition(".")
+    if (int(major), int(minor)) < MIN_PYTHON:
+        raise InstallError(python, "", f"is Python {version}; the hook needs Python >= 3.11: not installed")
+    return version
+
+
+def _tree_version(src: Path) -> str:
+    text = (src / "usr/libexec/oci-device-hook/lib/hook/version.py").read_text()
+    m = re.search(r'^VERSION = "([^"]+)"', text, re.M)
+    if not m or not re.fullmatch(r"[A-Za-z0-9.+~_-]+", m.group(1)):
+        raise InstallError(str(src), "VERSION", "no usable version in hook/version.py")
+    return m.group(1)
+
+
+# --- install steps -------------------------------------------------------------------------------------
+
+
+_IMPORT_CHECK = "import hook.entry, hook.live, hook.settings"
+
+
+def _stage_version(node: Node, src: Path, version: str) -> None:
+    """Copy the tree's libexec into ``versions/<version>``, byte-compile it with the node's Python,
+    check that it imports there, and only then move it into place."""
+    libexec = node.opts.libexec
+    versions = node.path(libexec) / "versions"
+    versions.mkdir(parents=True, exist_ok=True)
+    tmp_name = f".tmp-{version}-{os.getpid()}"
+    tmp = versions / tmp_name
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src / "usr/libexec/oci-device-hook", tmp, symlinks=True)
+    for junk in tmp.rglob("__pycache__"):
+        shutil.rmtree(junk, ignore_errors=True)  # compiled for the build's Python: the node's compiles next
+    node_tmp = f"{libexec}/versions/{tmp_name}"
+    python = node.opts.python
+    steps = (
+        [python, "-I", "-m", "compileall", "-q", "-j", "0", "-d", f"{libexec}/versions/{version}", node_tmp],
+        [python, "-ISB", "-c", f"import sys; sys.path.insert(0, {node_tmp + '/lib'!r}); {_IMPORT_CHECK}"],
+    )
+    for argv in steps:
+        proc = node.run(argv)
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+            raise InstallError(python, "", f"the node's Python cannot run version {version}: {last}")
+    final = versions / version
+    if final.exists():
+        aside = versions / f".old-{version}-{os.getpid()}"
+        os.replace(final, aside)
+        os.replace(tmp, final)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def _switch(node: Node, version: str) -> None:
+    """``current`` → ``versions/<version>``; ``hook`` and ``runtime`` → ``current/...`` (made once)."""
+    base = node.path(node.opts.libexec)
+    _atomic_symlink(f"versions/{version}", base / "current")
+    for name in ("hook", "runtime", "installer"):
+        link = base / name
+        fresh = not (link.is_symlink() and os.readlink(link) == f"current/{name}")
+        if (base / "versions" / version / name).exists() and fresh:
+            _atomic_symlink(f"current/{name}", link)  # replaces an old layout's file in one rename
+    legacy = base / "lib"
+    if legacy.is_dir() and not legacy.is_symlink():
+        shutil.rmtree(legacy)  # the delete-then-move layout's lib/, unused once hook points at current/
+
+
+def _prune(node: Node, keep: int, history: list[str]) -> list[str]:
+    """Keep the last ``keep`` versions installed (rollback targets); the current one always."""
+    versions = node.path(node.opts.libexec) / "versions"
+    kept = set(history[-max(keep, 1) :])
+    for p in versions.iterdir():
+        if not p.name.startswith(".") and p.name not in kept:
+            shutil.rmtree(p, ignore_errors=True)
+    return sorted(p.name for p in versions.iterdir() if not p.name.startswith("."))
+
+
+def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) -> bool:
+    """The ConfigMap's settings replace the node's when they differ (checked first by the new
+    version's own parser); with none given, the packaged template is placed only where none is."""
+    target = node.path(node.opts.etc) / "config.yaml"
+    if settings is None:
+        if not target.exists():
+            _atomic_write(target, (src / "etc/oci-device-hook/config.yaml").read_bytes())
+            return True
+        return False
+    try:
+        data = settings.read_bytes()
+    except OSError as exc:
+        raise InstallError(str(settings), "", f"cannot read: {exc.strerror or exc}") from None
+    if target.exists() and target.read_bytes() == data:
+        return False
+    node_copy = f"{node.opts.state_dir}/.settings-check.yaml"
+    _atomic_write(node.path(node_copy), data, 0o600)
+    lib = f"{node.opts.libexec}/versions/{version}/lib"
+    code = (
+        f"import sys; sys.path.insert(0, {lib!r}); from pathlib import Path; "
+        "from hook.settings import load_settings; from hook.errors import HookError\n"
+        f"try: load_settings(Path({node_copy!r}), required=True)\n"
+        "except HookError as e: print(e, file=sys.stderr); sys.exit(1)"
+    )
+    proc = node.run([node.opts.python, "-ISB", "-c", code])
+    node.path(node_copy).unlink(missing_ok=True)
+    if proc.returncode != 0:
+        why = proc.stderr.strip().replace(node_copy, str(settings))
+        raise InstallError(str(settings), "", f"settings not applied: {why.splitlines()[-1] if why else '?'}")
+    _atomic_write(target, data)
+    return True
+
+
+def _hooks_doc(node: Node, src: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(
+        (src / "usr/share/containers/oci/hooks.d" / engines.HOOKS_NAME).read_text()
+    )
+    hook = doc["hook"]
+    hook["path"] = f"{node.opts.libexec}/hook"
+    if node.opts.mode == "precreate":
+        doc["stages"] = ["precreate"]
+        hook["args"] = ["hook", "precreate"]
+    if node.opts.etc != DEFAULTS["etc"]:
+        hook["args"] = [*hook["args"], "--config", f"{node.opts.etc}/config.yaml"]
+    return doc
+
+
+def _register_hooks_d(node: Node, src: Path, rec: dict[str, Any]) -> str:
+    dirs = dict.fromkeys([node.opts.hooks_dir, *OTHER_HOOKS_DIRS])
+    present = [p.name for d in dirs if node.path(d).is_dir() for p in node.path(d).iterdir()]
+    name = engines.hooks_file_name(present)
+    path = f"{node.opts.hooks_dir}/{name}"
+    data = (json.dumps(_hooks_doc(node, src), indent=2) + "\n").encode()
+    _atomic_write(node.path(path), data)
+    old = rec.get("hooks_file")
+    if old and old != path:
+        node.path(old).unlink(missing_ok=True)
+    return path
+
+
+def _containerd_wanted(node: Node) -> bool:
+    if node.opts.engine in ("containerd", "all"):
+        return True
+    if node.opts.engine == "hooks.d":
+        return False
+    return node.path(node.opts.containerd_config).exists() or any(
+        node.path(b).exists() for b in CONTAINERD_BINARIES
+    )
+
+
+def _handler_shim(node: Node, handler: str, real: str) -> str:
+    """A per-handler entry for a handler whose runc binary is not runc (e.g. nvidia-container-runtime):
+    the wrapper with ``OCI_DEVICE_HOOK_REAL_RUNTIME`` naming the binary it replaces."""
+    path = f"{node.opts.libexec}/handlers/{handler}"
+    script = (
+        "#!/bin/sh\n# oci-device-hook: containerd runtime handler "
+        f"{handler!r}; written by the installer, removed by uninstall\n"
+        f"OCI_DEVICE_HOOK_REAL_RUNTIME={_sh_quote(real)} "
+        f'exec {_sh_quote(node.opts.libexec + "/runtime")} "$@"\n'
+    )
+    _atomic_write(node.path(path), script.encode(), 0o755)
+    return path
+
+
+def _sh_quote(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def _register_containerd(node: Node, rec: dict[str, Any]) -> bool:
+    """Edit containerd's config (backup and edits recorded first); True when the file changed."""
+    cfg = node.path(node.opts.containerd_config)
+    try:
+        old = cfg.read_bytes()
+        existed = True
+    except FileNotFoundError:
+        old, existed = b"", False
+    except OSError as exc:
+        raise InstallError(str(cfg), "", f"cannot read: {exc.strerror or exc}") from None
+    text = old.decode()
+    _, found = engines.handlers(text, node.opts.containerd_config)
+    wrapper = f"{node.opts.libexec}/runtime"
+    if not os.access(node.path(wrapper), os.X_OK):
+        # a BinaryName naming a missing file would stop every pod on the node
+        raise InstallError(wrapper, "", "no runtime wrapper in this version: containerd not registered")
+    ours = {wrapper} | {f"{node.opts.libexec}/handlers/{h.name}" for h in found}
+    binary_for = {
+        h.name: h.binary if h.binary in ours else _handler_shim(node, h.name, h.binary)
+        for h in found
+        if h.runtime_type in engines.RUNC_TYPES and h.binary and h.binary != wrapper
+    }
+    new, edits = engines.register_containerd(text, node.opts.containerd_config, binary_for, wrapper)
+    previous = rec.get("containerd") or {}
+    state = {
+        "config": node.opts.containerd_config,
+        "created": previous.get("created", not existed),
+        "backup": previous.get("backup", ""),
+        "edits": list(previous.get("edits", [])) + [e.to_json() for e in edits],
+        "shims": sorted(set(previous.get("shims", [])) | set(binary_for.values())),
+    }
+    if not edits:
+        rec["containerd"] = {**state, "sha256": previous.get("sha256", _sha(old))}
+        return False
+    if existed and not state["backup"]:
+        backup = f"{node.opts.state_dir}/containerd-config.toml.orig"
+        _atomic_write(node.path(backup), old, 0o600)
+        state["backup"] = backup
+    state["sha256"] = _sha(new.encode())
+    rec["containerd"] = state
+    _write_record(node, rec)  # recorded before the config changes: an interrupted run can be undone
+    mode = cfg.stat().st_mode & 0o777 if existed else 0o644
+    _atomic_write(cfg, new.encode(), mode)
+    return True
+
+
+def _restart(node: Node, engine: str) -> None:
+    proc = node.run(["systemctl", "restart", engine])
+    if proc.returncode != 0:
+        raise InstallError(engine, "", f"restart failed: {proc.stderr.strip()[:200]}")
+    _say(f"restarted {engine}")
+
+
+def install(node: Node) -> int:
+    opts = node.opts
+    src = Path(opts.src)
+    dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
+    if dpkg_owned and node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
+        raise InstallError("dpkg", PKG, "the package is installed by dpkg on this node: remove it first")
+    python_version = check_python(node)
+    version = _tree_version(src)
+    rec = _read_record(node)
+    _stage_version(node, src, version)
+    settings_changed = _apply_settings(node, version, Path(opts.settings) if opts.settings else None, src)
+    _switch(node, version)
+    rec.update(version=version, python=python_version, libexec=opts.libexec, mode=opts.mode)
+    history = [v for v in rec.get("history", []) if v != version] + [version]
+    rec["history"] = history[-10:]
+    rec["hooks_file"] = _register_hooks_d(node, src, rec)
+    _write_record(node, rec)
+    changed = False
+    if _containerd_wanted(node):
+        changed = _register_containerd(node, rec)
+    rec["versions"] = _prune(node, opts.keep, rec["history"])
+    _write_record(node, rec)
+    if changed and opts.restart_engine:
+        _restart(node, "containerd")
+    where = f"hooks.d ({rec['hooks_file']})" + (", containerd" if "containerd" in rec else "")
+    note = "; settings applied" if settings_changed else ""
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
+    return 0
+
+
+def apply_settings(node: Node) -> int:
+    """Re-apply ``--settings`` to the installed version (the DaemonSet's ConfigMap watch)."""
+    rec = _read_record(node)
+    if not rec.get("version") or not node.opts.settings:
+        raise InstallError(node.opts.state_dir, "version", "not installed, or no --settings given")
+    if _apply_settings(node, rec["version"], Path(node.opts.settings), Path(node.opts.src)):
+        _say(f"settings from {node.opts.settings} applied")
+    return 0
+
+
+def _unregister_containerd(node: Node, state: dict[str, Any]) -> bool:
+    cfg = node.path(state["config"])
+    try:
+        text = cfg.read_text()
+    except FileNotFoundError:
+        return False
+    edits = [engines.ContainerdEdit.from_json(e) for e in state.get("edits", [])]
+    backup = node.path(state["backup"]) if state.get("backup") else None
+    if _sha(text.encode()) == state.get("sha256") and backup is not None and backup.exists():
+        restored = backup.read_bytes()  # nobody changed it since: back byte for byte
+    else:
+        restored = engines.unregister_containerd(text, state["config"], edits).encode()
+    if state.get("created") and engines.parse(restored.decode(), state["config"]) in ({}, {"version": 2}):
+        cfg.unlink()
+    elif restored != text.encode():
+        _atomic_write(cfg, restored, cfg.stat().st_mode & 0o777)
+    else:
+        return False
+    return True
+
+
+def uninstall(node: Node) -> int:
+    opts = node.opts
+    rec = _read_record(node)
+    for path in {rec.get("hooks_file", ""), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"} - {""}:
+        target = node.path(path)
+        if target.exists() and _ours(target, opts.libexec):
+            target.unlink()
+    changed = False
+    state = rec.get("containerd")
+    if state:
+        changed = _unregister_containerd(node, state)
+        for shim in state.get("shims", []):
+            node.path(shim).unlink(missing_ok=True)
+        if state.get("backup"):
+            node.path(state["backup"]).unlink(missing_ok=True)
+    base = node.path(rec.get("libexec") or opts.libexec)
+    for name in ("hook", "runtime", "installer", "current"):
+        p = base / name
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+    for name in ("versions", "handlers", "lib"):
+        shutil.rmtree(base / name, ignore_errors=True)
+    (node.path(opts.state_dir) / RECORD).unlink(missing_ok=True)
+    for d in (base, node.path(opts.state_dir)):
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only when empty: whatever else is there is not ours
+    if opts.purge:
+        shutil.rmtree(node.path(opts.etc), ignore_errors=True)
+    if changed and opts.restart_engine:
+        _restart(node, "containerd")
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(f"removed{' ' + rec['version'] if rec.get('version') else ''}{restart}")
+    return 0
+
+
+def _ours(path: Path, libexec: str) -> bool:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str((doc.get("hook") or {}).get("path", "")).startswith(libexec + "/")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="installer", description="install oci-device-hook on a node")
+    p.add_argument("action", choices=["install", "uninstall", "settings", "status"])
+    p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
+    p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
+    p.add_argument("--libexec", default=DEFAULTS["libexec"])
+    p.add_argument("--hooks-dir", default=DEFAULTS["hooks_dir"])
+    p.add_argument("--etc", default=DEFAULTS["etc"])
+    p.add_argument("--state-dir", default=DEFAULTS["state_dir"])
+    p.add_argument("--containerd-config", default=DEFAULTS["containerd_config"])
+    p.add_argument("--python", default=DEFAULTS["python"], help="the node's interpreter for the hook")
+    p.add_argument("--engine", choices=["auto", "hooks.d", "containerd", "all"], default="auto")
+    p.add_argument("--mode", choices=["prestart", "precreate"], default="prestart", help="hooks.d stage")
+    p.add_argument("--settings", default="", help="settings file to apply when it differs (a ConfigMap)")
+    p.add_argument("--restart-engine", action="store_true", help="restart containerd when its config changed")
+    p.add_argument("--keep", type=int, default=3, help="versions kept for rollback")
+    p.add_argument("--purge", action="store_true", help="uninstall: also remove the settings directory")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _parser().parse_args(argv)
+    if not opts.src:
+        # this file is <tree>/usr/libexec/oci-device-hook/lib/hook/install.py
+        opts.src = str(Path(os.path.realpath(__file__)).parents[5])
+    node = Node(opts.root, opts)
+    try:
+        if opts.action == "install":
+            return install(node)
+        if opts.action == "uninstall":
+            return uninstall(node)
+        if opts.action == "settings":
+            return apply_settings(node)
+        print(json.dumps(_read_record(node), indent=2, sort_keys=True))
+        return 0
+    except (HookError, InputError) as exc:
+        _say(str(exc))
+        return exc.exit_code
+    except OSError as exc:
+        _say(f"{exc.filename or ''}: {exc.strerror or exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The ``oci-device-hook/decided`` annotation: proof that this node's hook decided this config.
+
+Rule: pod annotations reach the OCI config (CRI-O passes them all), so a bare "decided" flag
+would let any pod skip its narrowing. The marker is an HMAC-SHA256, under a node-local key only
+root can read, of the config's device nodes and device rules as the runtime will apply them: a
+forged marker, one copied from another container, or a config changed after the decision all
+fail the check, and the hook then decides again. No key (unreadable, wrong owner or mode) means
+no marker is written and none is trusted: the prestart hook decides again and finds nothing to do.
+
+The key lives in the cache directory (``/run/oci-device-hook``, root's and 0700): losing it only
+costs a second decision, and a reboot rotates it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from hook.oci import OciConfig
+
+__all__ = ["ANNOTATION", "KEY_NAME", "digest_text", "load_key", "sign", "verify"]
+
+ANNOTATION = "oci-device-hook/decided"
+KEY_NAME = "precreate.key"
+KEY_BYTES = 32
+_PREFIX = "v1:"
+
+
+def digest_text(config: OciConfig) -> bytes:
+    """What the marker covers, as the runtime will read it: every node and every device rule.
+
+    Built from the parsed values (not the raw JSON), so an engine that re-encodes the config
+    (podman's precreate round trip drops ``null`` and reorders keys) keeps the marker valid.
+    """
+    import json
+
+    nodes = [[d.path, d.type, d.major, d.minor, d.file_mode, d.uid, d.gid] for d in config.devices]
+    rules = [[r.allow, str(r.type), r.major, r.minor, str(r.access)] for r in config.resource_rules]
+    return json.dumps(["oci-device-hook/decided/v1", nodes, rules], separators=(",", ":")).encode()
+
+
+def sign(key: bytes, config: OciConfig) -> str:
+    import hashlib
+    import hmac
+
+    return _PREFIX + hmac.new(key, digest_text(config), hashlib.sha256).hexdigest()
+
+
+def verify(key: bytes | None, config: OciConfig) -> bool:
+    """The config carries a marker this node's key made over exactly these nodes and rules."""
+    import hmac
+
+    claimed = config.annotations.get(ANNOTATION)
+    if key is None or not claimed:
+        return False
+    return hmac.compare_digest(claimed.encode(), sign(key, config).encode())
+
+
+def _safe_dir(directory: Path) -> bool:
+    """Ours and writable by no one else: a key another user could replace proves nothing."""
+    try:
+        st = os.lstat(directory)  # a symlinked cache directory is never followed
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _read_key(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        data = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    return data if len(data) == KEY_BYTES else None
+
+
+def load_key(cache_dir: Path, *, create: bool) -> bytes | None:
+    """The node's marker key, made on first use when ``create`` (precreate); None when unusable.
+
+    A new key is written to a private temporary name and linked into place, so two hooks
+    starting at once agree on one key and no reader ever sees half a key.
+    """
+    path = cache_dir / KEY_NAME
+    if not create:
+        return _read_key(path) if _safe_dir(cache_dir) else None
+    try:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    if not _safe_dir(cache_dir):
+        return None
+    key = _read_key(path)
+    if key is not None:
+        return key
+    tmp = cache_dir / f".{KEY_NAME}.{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, os.urandom(KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        # another hook may have won the race (or a bad file sits there): read whatever is in place
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return _read_key(path)

@@ -1,0 +1,326 @@
+"""Issue 15 items 5 and 6: CLI slips, `hook --version`, the log line's fields and `hook log`.
+
+Live runs go through ``unshare -m`` with a private tmpfs over /run/oci-device-hook (the fast-path
+cache) and a settings file whose log and cache live in the test's temp dir; none applies anything
+(verdict none or error), so no cgroup is touched.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pty
+import shutil
+import subprocess
+import sys
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bundles import (
+    _hook_exe,
+    config,
+    hook_cli,
+    host_devices,
+    node_args,
+    settings_file,
+    simulate,
+    state,
+    write_bundle,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CONTAINERD_POD = {
+    "io.kubernetes.cri.sandbox-namespace": "team-a",
+    "io.kubernetes.cri.sandbox-name": "trainer-0",
+    "io.kubernetes.cri.container-name": "worker",
+    "io.kubernetes.cri.container-type": "container",
+}
+CRIO_POD = {
+    "io.kubernetes.pod.namespace": "team-b",
+    "io.kubernetes.pod.name": "infer-1",
+    "io.kubernetes.container.name": "server",
+    "io.kubernetes.cri-o.ContainerType": "container",
+}
+
+
+def _live(tmp: Path, stdin: Any, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """The console script in a private mount namespace: its fast-path cache never reaches the host."""
+    run = tmp / "run-cache"
+    run.mkdir(exist_ok=True)
+    inner = 'mkdir -p /run/oci-device-hook && mount -t tmpfs tmpfs /run/oci-device-hook && exec "$@"'
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", inner, "sh", *_hook_exe(), *args]
+    if isinstance(stdin, bytes):
+        return subprocess.run(cmd, input=stdin, capture_output=True, timeout=60, check=False)
+    return subprocess.run(cmd, stdin=stdin, capture_output=True, timeout=60, check=False)
+
+
+# --- item 6: CLI slips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("word", "hint"),
+    [("doctr", "doctor"), ("prestrat", "prestart"), ("inventroy", "inventory"), ("prestop", "prestart")],
+)
+def test_unknown_word_is_a_usage_error_with_a_suggestion(word: str, hint: str) -> None:
+    res = hook_cli(word, stdin=b"{}")
+    assert res.returncode == 2
+    assert res.stdout == ""
+    assert f"did you mean {hint!r}" in res.stderr
+    assert len(res.stderr.splitlines()) == 1
+
+
+def test_unknown_word_without_a_close_match_names_the_subcommands() -> None:
+    res = hook_cli("frobnicate")
+    assert res.returncode == 2
+    assert "did you mean" not in res.stderr and "cdi, doctor, inventory, log" in res.stderr
+
+
+def test_unknown_word_is_escaped_for_the_terminal() -> None:
+    res = hook_cli("\x1b[31mred")
+    assert res.returncode == 2 and "\x1b" not in res.stderr
+
+
+@pytest.mark.parametrize("stage", ["createContainer", "startContainer", "poststart", "poststop"])
+def test_other_oci_stages_stay_silent_no_ops(stage: str) -> None:
+    res = hook_cli(stage, stdin=b"{garbage")
+    assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
+
+
+def test_live_mode_on_a_terminal_says_it_wants_the_state_on_stdin() -> None:
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([*_hook_exe()], stdin=slave, capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert proc.returncode == 2
+    assert "expects the OCI state JSON on stdin" in proc.stderr
+
+
+@pytest.mark.parametrize("stage", ["prestart", "createRuntime", "poststop"])
+def test_stage_help(stage: str) -> None:
+    res = hook_cli(stage, "--help")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Usage: hook [prestart|createRuntime]")
+    assert "--log" in res.stdout
+
+
+def test_version_matches_the_package_metadata() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    from hook.version import VERSION
+
+    assert version == VERSION
+    res = hook_cli("--version")
+    assert (res.returncode, res.stdout) == (0, f"hook (oci-device-hook) {version}\n")
+
+
+def test_live_path_modules_do_not_import_importlib_metadata() -> None:
+    code = (
+        "import sys; import hook.entry, hook.logrecord, hook.live; print('importlib.metadata' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout
+    assert out.strip() == "False"
+
+
+def test_missing_cdi_spec_dir_is_a_warning_and_empty_list_says_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = hook_cli("cdi", "list", "--cdi-spec-dir", str(tmp_path / "nope"), "--cdi-spec-dir", str(empty))
+    assert res.returncode == 0
+    assert res.stderr == f"hook: warning: --cdi-spec-dir {tmp_path / 'nope'}: no such directory\n"
+    assert res.stdout.startswith("no CDI specs in ")
+
+
+@pytest.mark.parametrize("kind", ["nvidia", "nvidia.com/", "/gpu", "a/b/c"])
+def test_cdi_kind_without_a_class_is_an_error(kind: str, tmp_path: Path) -> None:
+    from hook.errors import InputError
+    from hook.settings import parse_settings
+
+    with pytest.raises(InputError, match="cdi_kinds") as err:
+        parse_settings({"cdi_kinds": ["nvidia.com/gpu", kind]}, "config.yaml")
+    assert "vendor/class" in str(err.value)
+    bundle = write_bundle(tmp_path / "b", config())
+    res = hook_cli("--bundle", str(bundle), "--config", str(settings_file(tmp_path, cdi_kinds=[kind])))
+    assert res.returncode == 1 and "cdi_kinds" in res.stderr
+
+
+# --- item 5: the log line ----------------------------------------------------------------------------
+
+
+def _priv_bundle(tmp: Path, annotations: dict[str, str]) -> Path:
+    """A privileged container without a plugin allocation: the full path, verdict none, nothing applied."""
+    cfg = config(privileged=True, devices=host_devices())
+    cfg["annotations"] = dict(annotations)  # exactly these: no pod defaults from tests.bundles
+    return write_bundle(tmp / "b", cfg)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "engine", "pod"),
+    [
+        (CONTAINERD_POD, "containerd", {"namespace": "team-a", "name": "trainer-0", "container": "worker"}),
+        (CRIO_POD, "cri-o", {"namespace": "team-b", "name": "infer-1", "container": "server"}),
+        ({"io.container.manager": "libpod"}, "podman", None),
+    ],
+)
+def test_log_line_has_time_version_pod_and_engine(
+    annotations: dict[str, str], engine: str, pod: dict[str, str] | None, tmp_path: Path
+) -> None:
+    from hook.version import VERSION
+
+    bundle = _priv_bundle(tmp_path, annotations)
+    before = datetime.now().astimezone()
+    res = _live(tmp_path, state(bundle), "prestart", *node_args(), "--config", str(settings_file(tmp_path)))
+    assert res.returncode == 0, res.stderr
+    (line,) = (tmp_path / "hook.log").read_text().splitlines()
+    rec = json.loads(line)
+    assert rec["verdict"] == "none"
+    stamp = datetime.fromisoformat(rec["time"])
+    assert rec["time"].endswith("Z") and abs((stamp - before).total_seconds()) < 60
+    assert rec["version"] == VERSION
+    assert rec["engine"] == engine
+    assert rec.get("pod") == pod
+
+
+def test_error_lines_carry_the_state_annotations(tmp_path: Path) -> None:
+    bundle = tmp_path / "gone"
+    res = _live(
+        tmp_path,
+        state(bundle, annotations=CONTAINERD_POD),
+        "prestart",
+        "--config",
+        str(settings_file(tmp_path)),
+    )
+    assert res.returncode == 1
+    rec = json.loads((tmp_path / "hook.log").read_text())
+    assert rec["verdict"] == "error" and rec["pod"]["name"] == "trainer-0" and rec["engine"] == "containerd"
+
+
+def test_pod_values_are_capped_and_stay_one_json_line(tmp_path: Path) -> None:
+    from hook.logrecord import stamp
+
+    rec = stamp({"verdict": "none"}, {"io.kubernetes.pod.name": "x\n" * 400}, now=0.0)
+    assert rec["time"] == "1970-01-01T00:00:00.000Z"
+    assert len(rec["pod"]["name"]) <= 254
+    assert "\n" not in json.dumps(rec)
+
+
+def test_by_hand_run_does_not_append_unless_asked(tmp_path: Path) -> None:
+    bundle = _priv_bundle(tmp_path, CONTAINERD_POD)
+    state_file = tmp_path / "state.json"
+    state_file.write_bytes(state(bundle))
+    args = ["prestart", *node_args(), "--config", str(settings_file(tmp_path))]
+    log = tmp_path / "hook.log"
+    with state_file.open("rb") as f:
+        res = _live(tmp_path, f, *args)
+    assert res.returncode == 0, res.stderr
+    assert not log.exists()
+    assert json.loads(res.stdout)["verdict"] == "none"
+    assert b"run by hand: not appended to" in res.stderr
+    with state_file.open("rb") as f:
+        res = _live(tmp_path, f, *args, "--log")
+    assert res.returncode == 0 and len(log.read_text().splitlines()) == 1
+    res = _live(tmp_path, state_file.read_bytes(), *args)  # a pipe, as runc and crun give it
+    assert res.returncode == 0 and res.stdout == b"" and len(log.read_text().splitlines()) == 2
+
+
+def _narrowing(tmp: Path, capsys: Any, **settings: Any) -> dict[str, Any]:
+    cfg = config(
+        privileged=True,
+        devices=host_devices(),
+        annotations={"cdi.k8s.io/x": "nvidia.com/gpu=0,nvidia.com/gpu=1"},
+    )
+    bundle = write_bundle(tmp / "bundle", cfg)
+    settings.setdefault("kubelet_checkpoint", str(tmp / "ckpt"))
+    args = [*node_args(), "--config", str(settings_file(tmp, **settings))]
+    rc, rep, _ = simulate(bundle, *args, capsys=capsys)
+    assert rc == 0
+    return rep
+
+
+@pytest.mark.parametrize("policy", ["narrow", "audit"])
+def test_denied_nodes_are_named(policy: str, tmp_path: Path, capsys: Any) -> None:
+    rep = _narrowing(tmp_path, capsys, privileged_allocation=policy)
+    assert rep["verdict"] == ("apply" if policy == "narrow" else "none")
+    assert "/dev/nvidia7" in rep["denied"] and "/dev/nvidia2" in rep["denied"]
+    assert "/dev/nvidia0" not in rep["denied"] and "/dev/nvidia1" not in rep["denied"]
+    assert rep["denied"] == sorted(rep["denied"])
+    if policy == "narrow":
+        denied_majors = {(r["major"], r["minor"]) for r in rep["cgroup"] if not r["allow"]}
+        assert len(denied_majors) == len(rep["denied"])
+
+
+# --- hook log -------------------------------------------------------------------------------------------
+
+
+def _rec(t: str, verdict: str, ns: str, pod: str, denied: list[str] | None = None) -> str:
+    obj = {"time": t, "verdict": verdict, "pod": {"namespace": ns, "name": pod, "container": "c"},
+           "container": {"id": f"id-{pod}"}, "reason": "r", "denied": denied or []}  # fmt: skip
+    return json.dumps(obj, sort_keys=True) + "\n"
+
+
+def test_hook_log_answers_which_containers_were_narrowed_today(tmp_path: Path) -> None:
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    log = tmp_path / "hook.log"
+    with gzip.open(tmp_path / "hook.log.2.gz", "wt") as f:
+        f.write(_rec("2000-01-01T00:00:00.000Z", "apply", "a", "ancient", ["/dev/nvidia1"]))
+    (tmp_path / "hook.log.1").write_text(
+        _rec(f"{today}T00:00:01.000Z", "apply", "a", "early", ["/dev/nvidia2"]) + "not json\n"
+    )
+    log.write_text(
+        _rec(f"{today}T23:59:58.000Z", "apply", "b", "granted")  # apply, but nothing denied
+        + _rec(f"{today}T23:59:59.000Z", "apply", "b", "late", ["/dev/nvidia3"])
+        + _rec(f"{today}T23:59:59.500Z", "none", "b", "idle")
+    )
+    res = hook_cli("log", "--file", str(log), "--since", f"{today}T00:00:00Z", "--narrowed")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [ln.split()[2] for ln in lines[:2]] == ["a/early/c", "b/late/c"]
+    assert "denied=/dev/nvidia3" in lines[1]
+    assert lines[2] == "(1 line(s) were not log records and were skipped)"
+    res = hook_cli("log", "--file", str(log), "--verdict", "apply", "--namespace", "b", "--format", "json")
+    assert [json.loads(x)["pod"]["name"] for x in res.stdout.splitlines()] == ["granted", "late"]
+    res = hook_cli("log", "--file", str(log), "--since", "today", "--pod", "ancient")
+    assert res.stdout.endswith("no matching log records\n")
+    res = hook_cli("log", "--file", str(log), "--pod", "ancient")
+    assert "a/ancient/c" in res.stdout
+
+
+def test_hook_log_reads_the_settings_log_file(tmp_path: Path) -> None:
+    (tmp_path / "hook.log").write_text(_rec("2030-01-01T00:00:00.000Z", "deny", "n", "p"))
+    res = hook_cli("log", "--config", str(settings_file(tmp_path)))
+    assert res.returncode == 0 and "n/p/c" in res.stdout and "deny" in res.stdout
+
+
+@pytest.mark.parametrize("since", ["sometime", "3w"])
+def test_hook_log_bad_since_is_a_usage_error(since: str, tmp_path: Path) -> None:
+    res = hook_cli("log", "--file", str(tmp_path / "x.log"), "--since", since)
+    assert res.returncode == 2 and "--since" in res.stderr
+
+
+def test_parse_since_relative_and_absolute() -> None:
+    from hook.logread import parse_since
+
+    now = datetime.fromisoformat("2026-03-04T12:30:00+00:00").timestamp()
+    assert parse_since("today", now) == "2026-03-04T00:00:00.000Z"
+    assert parse_since("yesterday", now) == "2026-03-03T00:00:00.000Z"
+    assert parse_since("2h", now) == "2026-03-04T10:30:00.000Z"
+    assert parse_since("2026-03-01", now) == "2026-03-01T00:00:00.000Z"
+    assert parse_since("2026-03-01T01:00:00+01:00", now) == "2026-03-01T00:00:00.000Z"
+
+
+def test_logrotate_snippet_names_the_default_log() -> None:
+    text = (REPO / "packaging/logrotate").read_text()
+    from hook.settings import Settings
+
+    assert f"{Settings().log_file} {{" in text
+    if shutil.which("logrotate"):
+        subprocess.run(
+            ["logrotate", "-d", str(REPO / "packaging/logrotate")], check=True, capture_output=True
+        )

@@ -1,0 +1,237 @@
+"""``hook precreate``: config in, decided config out; the marker; the prestart hook's shortcut.
+
+Every case runs the real console script on the committed examples (seed 000) against a fake
+driver root, with the settings' log and cache (the marker key) under the test's temp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hook.allowlist import access_of, is_allow_list
+from hook.marker import ANNOTATION, KEY_NAME, load_key
+from hook.oci import parse_rule
+from hook.rules import Access, DeviceType
+from tests.bundles import EXAMPLES, NODE_CDI, NODE_INVENTORY, _hook_exe, settings_file
+from tests.hosttree import CAPS_MAJOR, make_host_tree
+
+C = DeviceType.CHAR
+OWN_CAPS = (12, 13)  # the 3g.40gb's GI/CI caps in examples/node/cdi
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict[str, Any]:
+    root = tmp_path / "driver-root"
+    make_host_tree(root, "8x-mig", mknod=False)
+    settings = settings_file(tmp_path)
+    args = ["--driver-root", str(root), "--inventory", str(NODE_INVENTORY), "--cdi-spec-dir", str(NODE_CDI)]
+    return {"root": root, "settings": settings, "args": [*args, "--config", str(settings)], "tmp": tmp_path}
+
+
+def precreate(node: dict[str, Any], cfg: bytes, *extra: str, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [*_hook_exe(), "precreate", *node["args"], *extra],
+        input=cfg,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def example(name: str) -> bytes:
+    return (EXAMPLES / name / "config.json").read_bytes()
+
+
+def rules_of(cfg: dict[str, Any]) -> list[Any]:
+    return [parse_rule(r, "out", "r") for r in cfg["linux"]["resources"]["devices"]]
+
+
+def nvidia_paths(cfg: dict[str, Any]) -> list[str]:
+    return sorted(d["path"] for d in cfg["linux"]["devices"] if d["path"].startswith("/dev/nvidia"))
+
+
+def test_plain_container_passes_through_byte_for_byte(node: dict[str, Any]) -> None:
+    data = example("cpu")
+    res = precreate(node, data)
+    assert (res.returncode, res.stdout, res.stderr) == (0, data, b"")
+
+
+def test_privileged_no_allocation_passes_through(node: dict[str, Any]) -> None:
+    data = example("privileged-no-allocation")
+    res = precreate(node, data)
+    assert (res.returncode, res.stdout) == (0, data)
+
+
+def test_slice_pod_becomes_an_allow_list_with_only_its_card(node: dict[str, Any]) -> None:
+    res = precreate(node, example("slice-privileged"))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert nvidia_paths(out) == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1", "/dev/nvidiactl"]
+    rules = rules_of(out)
+    assert is_allow_list(rules)  # deny all, then allows only: never allow-all plus denies
+    assert access_of(rules, C, 195, 1) == Access.RWM
+    assert access_of(rules, C, 195, 255) == Access.RWM  # nvidiactl: a control node
+    assert [m for m in range(8) if access_of(rules, C, 195, m)] == [1]
+    assert not any(access_of(rules, C, CAPS_MAJOR, m) for m in range(300))
+    assert access_of(rules, C, 1, 3) == Access.RWM  # /dev/null and every other major stay
+    assert access_of(rules, DeviceType.BLOCK, 8, 0) == Access.RWM
+    assert out["annotations"][ANNOTATION].startswith("v1:")
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert (record["verdict"], record["stage"]) == ("apply", "precreate")
+
+
+def test_decided_config_goes_through_again_unchanged(node: dict[str, Any]) -> None:
+    first = precreate(node, example("slice-privileged")).stdout
+    again = precreate(node, first)
+    assert (again.returncode, again.stdout) == (0, first)
+
+
+def test_a_forged_marker_never_skips_the_decision(node: dict[str, Any]) -> None:
+    cfg = json.loads(example("slice-privileged"))
+    cfg["annotations"][ANNOTATION] = "v1:" + "0" * 64
+    res = precreate(node, json.dumps(cfg).encode())
+    out = json.loads(res.stdout)
+    assert nvidia_paths(out) == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1", "/dev/nvidiactl"]
+    assert out["annotations"][ANNOTATION] != cfg["annotations"][ANNOTATION]
+
+
+def test_a_marker_copied_onto_a_wider_config_is_stale(node: dict[str, Any]) -> None:
+    decided = json.loads(precreate(node, example("slice-privileged")).stdout)
+    widened = json.loads(example("slice-privileged"))  # allow-all and every card again...
+    widened["annotations"][ANNOTATION] = decided["annotations"][ANNOTATION]  # ...with a real marker
+    out = json.loads(precreate(node, json.dumps(widened).encode()).stdout)
+    assert is_allow_list(rules_of(out)) and nvidia_paths(out) == nvidia_paths(decided)
+
+
+def test_mig_pod_gets_its_cdi_nodes_and_own_caps_only(node: dict[str, Any]) -> None:
+    res = precreate(node, example("mig-privileged"))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rules = rules_of(out)
+    assert is_allow_list(rules)
+    assert [m for m in range(8) if access_of(rules, C, 195, m)] == [0]
+    assert [m for m in range(300) if access_of(rules, C, CAPS_MAJOR, m)] == list(OWN_CAPS)
+    paths = [d["path"] for d in out["linux"]["devices"]]
+    assert {f"/dev/nvidia-caps/nvidia-cap{m}" for m in OWN_CAPS} <= set(paths)
+    assert "/dev/nvidia1" not in paths and "/dev/nvidia-caps/nvidia-cap1" not in paths
+    assert "NVIDIA_VISIBLE_DEVICES=void" in out["process"]["env"]  # the CDI spec's edits, folded in
+
+
+def test_reject_policy_denies_with_one_line(node: dict[str, Any], tmp_path: Path) -> None:
+    settings_file(tmp_path, privileged_allocation="reject")
+    res = precreate(node, example("slice-privileged"))
+    assert res.returncode == 3 and res.stdout == b""
+    lines = res.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("oci-device-hook: deny: ")
+
+
+def test_broken_settings_fail_a_device_container_but_not_a_plain_one(node: dict[str, Any]) -> None:
+    node["settings"].write_text("privileged_allocation: [\n")
+    plain = precreate(node, example("cpu"))
+    assert (plain.returncode, plain.stdout) == (0, example("cpu"))
+    dev = precreate(node, example("slice-privileged"))
+    assert dev.returncode == 1 and dev.stdout == b""
+    assert str(node["settings"]) in dev.stderr.decode()
+
+
+def test_settings_give_driver_root_and_spec_dirs(tmp_path: Path, node: dict[str, Any]) -> None:
+    settings_file(tmp_path, driver_root=str(node["root"]), cdi_spec_dirs=[str(NODE_CDI)])
+    node["args"] = ["--inventory", str(NODE_INVENTORY), "--config", str(node["settings"])]
+    out = json.loads(precreate(node, example("mig-privileged")).stdout)
+    assert "NVIDIA_VISIBLE_DEVICES=void" in out["process"]["env"]  # the spec dir came from the settings
+    missing = precreate(node, example("mig-privileged"), "--cdi-spec-dir", str(tmp_path / "none"))
+    assert missing.returncode == 1  # the option wins: no spec resolves the annotation's device
+
+
+def test_no_usable_key_means_no_marker(node: dict[str, Any]) -> None:
+    cache = node["tmp"] / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / KEY_NAME).write_bytes(b"k" * 32)
+    (cache / KEY_NAME).chmod(0o644)  # readable by others: proves nothing
+    res = precreate(node, example("slice-privileged"))
+    assert res.returncode == 0
+    assert ANNOTATION not in json.loads(res.stdout)["annotations"]
+
+
+def test_key_is_root_only_and_refused_through_a_symlink(tmp_path: Path) -> None:
+    key = load_key(tmp_path / "cache", create=True)
+    assert key is not None and len(key) == 32
+    st = os.stat(tmp_path / "cache" / KEY_NAME)
+    assert st.st_mode & 0o777 == 0o600 and (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+    assert load_key(tmp_path / "cache", create=True) == key
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    (other / KEY_NAME).symlink_to(tmp_path / "cache" / KEY_NAME)
+    assert load_key(other, create=False) is None
+
+
+def _prestart(node: dict[str, Any], bundle: Path) -> subprocess.CompletedProcess[bytes]:
+    state = {
+        "ociVersion": "1.0.2",
+        "id": "ctr-m",
+        "status": "created",
+        "pid": 999_999_999,
+        "bundle": str(bundle),
+    }
+    return subprocess.run(
+        [*_hook_exe(), "prestart", *node["args"]],
+        input=json.dumps(state).encode(),
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_prestart_does_nothing_more_for_a_decided_config_and_decides_a_forged_one(
+    node: dict[str, Any],
+) -> None:
+    bundle = node["tmp"] / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    decided = precreate(node, example("slice-privileged")).stdout
+    (bundle / "config.json").write_bytes(decided)
+    res = _prestart(node, bundle)
+    assert res.returncode == 0, res.stderr
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert record["verdict"] == "none" and "precreate" in record["reason"]
+    # the same config widened again (allow-all appended): the marker no longer matches, so the hook
+    # decides: it sees a privileged, widened container (no shortcut taken)
+    cfg = json.loads(decided)
+    cfg["linux"]["resources"]["devices"].append({"allow": True, "access": "rwm"})
+    (bundle / "config.json").write_text(json.dumps(cfg))
+    res = _prestart(node, bundle)
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert "precreate" not in record["reason"] and record["container"]["widened"] is True, record
+
+
+def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_path: Path) -> None:
+    """A config that needs no decision is answered by ``hook.entry`` alone (os/sys, json's C scanner)."""
+    cfg = tmp_path / "config.json"
+    cfg.write_bytes(example("cpu"))
+    probe = (
+        "import sys, os\n"
+        "from hook.entry import main\n"
+        "rc = main(['precreate'])\n"
+        "mods = sorted(m for m in sys.modules if m == 'hook' or m.startswith('hook.'))\n"
+        "os.write(2, repr((rc, mods, 'json' in sys.modules, 'yaml' in sys.modules)).encode())\n"
+    )
+    settings = tmp_path / "absent.yaml"
+    with open(cfg, "rb") as stdin:
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                probe.replace("['precreate']", f"['precreate', '--config', {str(settings)!r}]"),
+            ],
+            stdin=stdin,
+            capture_output=True,
+            timeout=60,
+        )
+    assert res.stdout == example("cpu")
+    assert res.stderr.decode() == repr((0, ["hook", "hook.entry"], False, False))
