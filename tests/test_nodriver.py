@@ -52,7 +52,7 @@ def test_unbacked_requests_start_without_a_gpu(
     assert rc == 0, err
     assert report["verdict"] == "none" and report["cgroup"] == [] and report["nodes"]["create"] == []
     assert "libnvidia-ml" not in err + str(report)
-    if name != "void":
+    if name not in ("void", "mig-monitor"):  # MIG management without a GPU is ignored anyway
         assert any("no NVIDIA driver on this node" in w for w in report["warnings"])
 
 
