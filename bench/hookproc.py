@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
         "new_modules": len(loaded),
         "hook_modules": [m for m in loaded if m == "hook" or m.startswith("hook.")],
         "heavy_stdlib": [m for m in ("json", "re", "enum", "dataclasses", "pathlib") if m in loaded],
+        "loaded": loaded,
     }
     import json  # only now: the measured run must not find it preloaded
 

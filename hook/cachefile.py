@@ -13,14 +13,16 @@ warning text.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import time
-from typing import Any
 
 from hook import __version__
 from hook.entry import read_private
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["STALE_TEMP_S", "current", "open_private", "read", "stamp", "write"]
 
@@ -88,8 +90,10 @@ def write(directory: str, name: str, data: bytes) -> str | None:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError as exc:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib would be one more import at start
             os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
         return f"{os.path.join(directory, name)}: cache not written: {exc.strerror or exc}"
     finally:
         os.close(dfd)
@@ -116,8 +120,10 @@ def _open_dir(directory: str, *, create: bool) -> int:
     if create:
         parent = os.path.dirname(os.path.abspath(directory))
         os.makedirs(parent, mode=0o755, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
+        try:  # noqa: SIM105 - contextlib would be one more import at start
             os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(dfd)

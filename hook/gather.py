@@ -11,7 +11,6 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from hook import checkpoint as ckpt
 from hook.decide import Grant, Inputs
@@ -24,7 +23,10 @@ from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator
 from hook.rules import Access
 from hook.settings import DEFAULT_PATH, Settings, load_settings
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from typing import Any
+
     from hook.allowlist import HostDevices
     from hook.cdi.registry import Registry
     from hook.nvidia.model import Inventory

@@ -11,7 +11,6 @@ import posixpath
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from hook.decide import decide
 from hook.errors import HookError, InputError
@@ -22,6 +21,10 @@ from hook.plan import Verdict
 from hook.record import replace
 from hook.report import build_report
 from hook.settings import DEFAULT_PATH, Settings, load_settings
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["options_from", "run_live"]
 

@@ -15,7 +15,10 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["write_log"]
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from hook.version import VERSION
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["engine_of", "pod_of", "rfc3339", "stamp"]
 

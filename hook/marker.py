@@ -13,7 +13,6 @@ costs a second decision, and a reboot rotates it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from pathlib import Path
@@ -109,11 +108,15 @@ def load_key(cache_dir: Path, *, create: bool) -> bytes | None:
         finally:
             os.close(fd)
         # another hook may have won the race (or a bad file sits there): read whatever is in place
-        with contextlib.suppress(FileExistsError):
+        try:  # noqa: SIM105 - contextlib would be one more import at start
             os.link(tmp, path)
+        except FileExistsError:
+            pass
     except OSError:
         return None
     finally:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib would be one more import at start
             os.unlink(tmp)
+        except OSError:
+            pass
     return _read_key(path)

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Mapping
-from typing import Any
 
 from hook.errors import InputError
 from hook.record import field, record
 from hook.rules import Access, DeviceType, Rule
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "MAX_STATE_BYTES",

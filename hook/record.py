@@ -4,7 +4,7 @@ without its cost on every container start.
 Rule: a record is built by reading the class's annotations once and installing shared, generic
 methods. ``dataclasses`` generates and ``exec``s new source for every class (about 1.3 ms each
 on a small node, 30+ classes on a device container's path) and imports ``inspect``, ``ast`` and
-``dis`` on the way; this module imports nothing but ``typing``, which the hook loads anyway.
+``dis`` on the way; this module imports nothing (``typing`` only for the type checker).
 
 Supported, because the hook uses it: keyword-only (default) or positional fields, defaults,
 ``field(default=, default_factory=, compare=, repr=)``, ``__post_init__``, equality and hashing
@@ -14,11 +14,19 @@ module has ``from __future__ import annotations``): a record never evaluates the
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, dataclass_transform, overload
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost); mypy sees the real ones
+if TYPE_CHECKING:
+    from typing import Any, TypeVar, dataclass_transform, overload
+
+    T = TypeVar("T")
+else:
+
+    def dataclass_transform(**_kwargs):
+        return lambda f: f
+
 
 __all__ = ["FrozenInstanceError", "Field", "asdict", "field", "fields", "record", "replace"]
 
-T = TypeVar("T")
 _MISSING: Any = object()
 
 
@@ -133,10 +141,12 @@ def _build(cls: type, kw_only: bool) -> type:
     return new
 
 
-@overload
-def record(cls: type[T], /) -> type[T]: ...
-@overload
-def record(*, kw_only: bool = True) -> Any: ...
+if TYPE_CHECKING:  # the overloads exist for the type checker only
+
+    @overload
+    def record(cls: type[T], /) -> type[T]: ...
+    @overload
+    def record(*, kw_only: bool = True) -> Any: ...
 
 
 @dataclass_transform(

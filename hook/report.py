@@ -7,11 +7,14 @@ sorted by ``decide`` so reports are byte-stable and examples can have golden out
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from hook.decide import Inputs, container_facts
 from hook.escape import clean
 from hook.plan import Plan
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["build_report", "render_json", "render_text"]
 

@@ -10,10 +10,13 @@ import stat as _stat
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from hook.errors import InputError
 from hook.record import field, fields, record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "Policy",

@@ -445,3 +445,38 @@ def test_a_pod_with_dra_claims_is_not_bounded_by_the_device_plugin_checkpoint(
     rep = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
     assert (rep["verdict"], denied(rep)) == ("none", set())
     assert rep["kubernetes"]["dra_claims"] is True and rep["kubernetes"]["bounded"] is False
+
+
+# --- legacy CUDA images (issue #13): an env request like any other -----------------------------------
+
+
+def test_legacy_cuda_image_without_allocation_is_no_request(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """CUDA_VERSION alone asks for every GPU (NVIDIA's semantics), but the kubelet allocated none."""
+    rep = run(tmp_path, node, pod_config(image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"]), capsys)
+    assert (rep["verdict"], rep["requests"], rep["cgroup"]) == ("none", [], [])
+    (warning,) = rep["warnings"]
+    assert warning.startswith("NVIDIA_VISIBLE_DEVICES=all (legacy CUDA image) ignored: the kubelet allocated")
+
+
+def test_legacy_cuda_image_outside_kubernetes_gets_every_gpu(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    cfg = pod_config(image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"], k8s=False)
+    rep = run(tmp_path, node, cfg, capsys)
+    assert rep["verdict"] == "apply"
+    assert allowed(rep) >= ALL_GPU_KEYS
+    assert [r["value"] for r in rep["requests"]] == ["all"]
+
+
+@pytest.mark.parametrize("name", ["envvar", "cdi-annotations"])
+def test_legacy_cuda_image_with_allocation_gets_only_it(
+    name: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    resp, plugin_env, mounts, ann = strategy(name)
+    cfg = pod_config(image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"], cri_env=plugin_env, mounts=mounts,
+                     extra_annotations=ann)
+    rep = run(tmp_path, node, cfg, capsys, ckpt=checkpoint([gpu_entry(resp)]))
+    assert rep["verdict"] == "apply"
+    assert allowed(rep) & ALL_GPU_KEYS == {gpu_key(2)}

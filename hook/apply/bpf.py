@@ -1,7 +1,7 @@
 """Pure eBPF builder for BPF_PROG_TYPE_CGROUP_DEVICE: rules in, instruction bytes out.
 
 Rule: this module decides what the kernel program says and nothing else; it loads nothing and
-imports only struct/typing, ``hook.record`` and ``hook.rules``. ``build_program`` and
+imports only struct, ``hook.record`` and ``hook.rules``. ``build_program`` and
 ``hook.rules.evaluate`` must agree on every (type, major, minor, access) probe.
 
 Program layout (the ctx is ``struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor}``)::
@@ -25,11 +25,11 @@ relative and stay inside it; the verifier already proved it reads no register it
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
 
 from hook.record import record
 from hook.rules import Access, DeviceType, Rule, normalize
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from collections.abc import Sequence
 

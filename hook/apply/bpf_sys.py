@@ -7,11 +7,9 @@ Every fd it returns is O_CLOEXEC (the kernel sets it for bpf fds) and owned by t
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
-import platform
 from collections.abc import Sequence
 
 from hook.errors import ApplyError
@@ -110,9 +108,9 @@ _libc.syscall.restype = ctypes.c_long
 
 def _bpf(cmd: int, attr: ctypes.Structure) -> int:
     """One bpf(2) call; returns the result or raises OSError with the errno."""
-    nr = _SYSCALL_NR.get(platform.machine())
+    nr = _SYSCALL_NR.get(os.uname().machine)
     if nr is None:
-        raise ApplyError("bpf(2)", "", f"unsupported architecture {platform.machine()}")
+        raise ApplyError("bpf(2)", "", f"unsupported architecture {os.uname().machine}")
     ret = _libc.syscall(
         ctypes.c_long(nr), ctypes.c_long(cmd), ctypes.byref(attr), ctypes.c_long(ctypes.sizeof(attr))
     )
@@ -267,5 +265,7 @@ def dump_xlated(prog_fd: int) -> bytes:
 def close_all(fds: Sequence[int]) -> None:
     """Close fds we own, ignoring ones already closed."""
     for fd in fds:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib would be one more import at start
             os.close(fd)
+        except OSError:
+            pass

@@ -128,7 +128,9 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[st
     Linear in rules and entries: the later rules' bits are gathered newest first by exact key,
     and a rule looks up only the at most eight keys that can cover or overlap it.
     """
-    allow_all = any(e == ListEntry(_ALL, None, None, Access.RWM) for e in entries)
+    allow_all = any(
+        e.type == _ALL and e.major is None and e.minor is None and e.access == Access.RWM for e in entries
+    )
     exact: dict[_Key, list[int]] = {}
     for e in entries:
         exact.setdefault((e.type, e.major, e.minor), []).append(e.access.value)

@@ -21,7 +21,6 @@ Choices (documented here because they are the contract):
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import resource
@@ -88,8 +87,10 @@ _SWAPS: dict[int, Callable[[int, int, int], None]] = {
 
 def _raise_memlock() -> None:
     """Kernels before 5.11 charge programs to RLIMIT_MEMLOCK; lift it, best effort."""
-    with contextlib.suppress(OSError, ValueError):
+    try:  # noqa: SIM105 - contextlib would be one more import at start
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (OSError, ValueError):
+        pass
 
 
 class CgroupV2:

@@ -36,11 +36,14 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from hook.errors import ApplyError
 from hook.plan import Node
 from hook.record import fields, record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Change", "Undo", "apply", "split_container_path"]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 from hook.apply import devnodes, locate
 from hook.apply.cgroup_v1 import CgroupV1
@@ -19,6 +18,12 @@ from hook.errors import ApplyError, HookError
 from hook.plan import Plan
 from hook.record import field, record
 from hook.rules import Rule
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object  # DeviceCgroup is only a type-checking interface
 
 __all__ = ["AppliedInfo", "DeviceCgroup", "apply_plan", "cgroup_adapter"]
 

@@ -15,9 +15,12 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final
 
 from hook.plan import Node
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = ["GRAPHICS_CAPABILITIES", "dri_nodes"]
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Final
 
 from hook.errors import InputError
 from hook.nvidia.model import Gpu, Inventory, MigDevice
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = ["Device", "normalize_bus_id", "resolve", "resolve_one"]
 

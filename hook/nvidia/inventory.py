@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final
 
 from hook import cachefile
 from hook.errors import InputError
-from hook.nvidia import nvml, procfs
+from hook.nvidia import procfs
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
 from hook.nvidia.snapshot import SNAPSHOT_VERSION
 from hook.record import record, replace
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from typing import Any, Final
+
+    from hook.nvidia import nvml
     from hook.nvidia.migminors import MigMinors
 
 __all__ = [
@@ -275,6 +278,8 @@ def load(
     if from_proc is not None and not (need_migs and any(m.uuid is None for m in from_proc.migs)):
         return replace(from_proc, warnings=from_proc.warnings + notes)
     try:
+        from hook.nvidia import nvml  # only when /proc and the cache cannot answer
+
         result = nvml.query(nvml_module, need_migs=need_migs)
     except InputError as exc:
         if from_proc is None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Final
 
 from hook.errors import InputError
 from hook.nvidia.model import CapNode, CapTable
 from hook.record import field, record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = [
     "MIG_MINORS_PATH",

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 from hook.record import field, record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["NVIDIA_MAJOR", "CapNode", "CapTable", "Gpu", "Inventory", "Majors", "MigDevice"]
 

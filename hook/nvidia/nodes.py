@@ -9,12 +9,15 @@ follow NVIDIA_DRIVER_CAPABILITIES (``nvidia-uvm*`` need ``compute``, ``nvidia-mo
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
 
 from hook.errors import InputError
 from hook.nvidia.migminors import MIG_MINORS_PATH, ci_cap_name, gi_cap_name
 from hook.nvidia.model import CapNode, Gpu, Inventory, MigDevice
 from hook.plan import Node
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = [
     "CTL_MINOR",

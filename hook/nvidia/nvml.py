@@ -11,12 +11,15 @@ import contextlib
 import importlib
 import re
 from types import ModuleType
-from typing import Any, Final
 
 from hook.errors import InputError
 from hook.nvidia.ids import normalize_bus_id
 from hook.nvidia.model import Gpu, MigDevice
 from hook.record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any, Final
 
 __all__ = ["NVML_SOURCE", "NvmlResult", "query"]
 

@@ -12,7 +12,6 @@ import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
 
 from hook.errors import InputError
 from hook.nvidia.ids import normalize_bus_id
@@ -27,6 +26,10 @@ from hook.nvidia.migminors import (
 )
 from hook.nvidia.model import NVIDIA_MAJOR, CapNode, CapTable, Majors
 from hook.record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = [
     "BOOT_ID_PATH",
@@ -156,16 +159,20 @@ def parse_driver_version(text: str, source: str = VERSION_PATH) -> str:
 
 
 def read_text(driver_root: Path, rel: str, *, required: bool) -> str | None:
-    """Read ``driver_root/rel``; a missing required file is an ``InputError`` naming it."""
-    path = driver_root / rel
+    """Read ``driver_root/rel``; a missing required file is an ``InputError`` naming it.
+
+    A string path, not ``driver_root / rel``: a 254-GPU host reads ~260 files per start.
+    """
+    path = os.path.join(driver_root, rel)
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
     except FileNotFoundError:
         if required:
-            raise InputError(str(path), "", "file not found (is the NVIDIA driver loaded?)") from None
+            raise InputError(path, "", "file not found (is the NVIDIA driver loaded?)") from None
         return None
     except OSError as exc:
-        raise InputError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+        raise InputError(path, "", f"cannot read: {exc.strerror or exc}") from None
 
 
 def read_majors(driver_root: Path) -> Majors:
@@ -202,7 +209,7 @@ def read_gpu_infos(driver_root: Path) -> tuple[GpuInfo, ...] | None:
         rel = f"{GPUS_DIR}/{bus}/information"
         text = read_text(driver_root, rel, required=True)
         assert text is not None
-        infos.append(parse_gpu_information(text, str(driver_root / rel), bus))
+        infos.append(parse_gpu_information(text, os.path.join(driver_root, rel), bus))
     return tuple(sorted(infos, key=lambda i: i.pci_bus_id))
 
 

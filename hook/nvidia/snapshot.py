@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final
 
 from hook.errors import InputError
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any, Final
 
 __all__ = ["SNAPSHOT_VERSION", "inventory_to_json", "inventory_from_json"]
 

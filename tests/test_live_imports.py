@@ -1,0 +1,98 @@
+"""Which modules the seed 000 slice pod's live path loads, pinned: a real runc container, real apply.
+
+The hook runs as ``python3 -ISB`` on every container start, so every module on this path is paid
+for by every GPU container. Here the slice pod (privileged, all 8 GPUs of the fake driver root,
+narrowed to one) starts under runc with ``bench/hookproc.py`` as its prestart hook: it runs
+``hook.entry.main`` exactly as the launcher does, with the launcher's flags, and records
+``sys.modules``. Everything runs inside ``unshare -m`` with a tmpfs over /run (the hook's caches
+are the test's own); the second container is measured (the first writes the caches, as the
+first container on a node does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench import bundles
+from tests.hosttree import make_host_tree
+
+REPO = Path(__file__).resolve().parents[1]
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not Path(RUNC).exists() or not bundles.BUSYBOX.exists(),
+    reason="needs root, runc and a static busybox",
+)
+
+# Our modules on this path: adding one is a decision, not an accident.
+HOOK_MODULES = {
+    "hook", "hook.entry", "hook.live", "hook.errors", "hook.record", "hook.rules", "hook.oci", "hook.plan",
+    "hook.checkpoint", "hook.settings", "hook.requests", "hook.decide", "hook.gather", "hook.report",
+    "hook.log", "hook.logrecord", "hook.hostdev", "hook.marker", "hook.version", "hook.nvidia",
+    "hook.nvidia.model", "hook.nvidia.ids", "hook.nvidia.migminors", "hook.nvidia.nodes",
+    "hook.nvidia.procfs", "hook.nvidia.snapshot", "hook.nvidia.inventory", "hook.nvidia.dri",
+    "hook.apply", "hook.apply.transaction", "hook.apply.devnodes",
+    "hook.apply.locate", "hook.apply.cgroup_v1",
+}  # fmt: skip
+# Never on this path: heavy, or only for other paths (the first container's cache writes excepted).
+FORBIDDEN = {
+    "yaml", "click", "pynvml", "dataclasses", "inspect", "ast", "dis", "tempfile", "shutil", "random",
+    "hook.cdi", "hook.cli", "hook.apply.cgroup_v2", "hook.apply.bpf", "hook.apply.bpf_sys",
+    "typing", "contextlib", "importlib", "hook.nvidia.nvml",
+}  # fmt: skip
+
+def _slice_pod_runs(tmp: Path, count: int, cgroup2: bool = False) -> list[dict[str, object]]:
+    root = tmp / "driver"
+    make_host_tree(root, "8x-mig", mknod=True)
+    lib = tmp / "lib"
+    lib.mkdir()
+    (lib / "hook").symlink_to(REPO / "hook")
+    (lib / "yaml").symlink_to(Path(yaml.__file__).resolve().parent)
+    settings = tmp / "settings.yaml"
+    settings.write_text(f"log_file: {tmp / 'hook.log'}\ncache_dir: {tmp / 'cache'}\n")
+    out = tmp / "modules.jsonl"
+    hook = [sys.executable, "-ISB", str(REPO / "bench" / "hookproc.py"), str(lib), str(out), "--",
+            "--config", str(settings), "--driver-root", str(root)]  # fmt: skip
+    rootfs = bundles.build_rootfs(tmp / "rootfs")
+    state_root = tmp / "runc"
+    cids, script = [], ["mount -t tmpfs -o mode=0755 tmpfs /run", "mkdir /run/oci-device-hook"]
+    if cgroup2:  # runc (and the hook) then see a unified host and use eBPF, in this namespace only
+        script.append("mount -t cgroup2 none /sys/fs/cgroup")
+    for n in range(count):  # one namespace for all: later containers find the first one's caches
+        cid = f"odh-imports-{uuid.uuid4().hex[:10]}"
+        config = bundles.slice_config(rootfs, f"/odh-live/{cid}")
+        config["hooks"] = {"prestart": [{**bundles.hook_entry(Path(hook[0])), "args": hook}]}
+        bundle = bundles.write_bundle(tmp / f"bundle{n}", config)
+        cids.append(cid)
+        script.append(f"{RUNC} --root {state_root} run --bundle {bundle} {cid} </dev/null")
+    try:
+        proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", "\n".join(script)],
+                              capture_output=True, timeout=120)  # fmt: skip
+    finally:
+        for cid in cids:
+            subprocess.run([RUNC, "--root", str(state_root), "delete", "-f", cid], capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+V2_MODULES = {"hook.apply.cgroup_v2", "hook.apply.bpf", "hook.apply.bpf_sys"}
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+def test_the_slice_pods_live_path_loads_what_it_uses(tmp_path: Path, cgroup2: bool) -> None:
+    runs = _slice_pod_runs(tmp_path, 2, cgroup2)
+    assert [r["rc"] for r in runs] == [0, 0]
+    loaded = set(runs[-1]["loaded"])  # type: ignore[call-overload]
+    ours = {m for m in loaded if m == "hook" or m.startswith("hook.")}
+    assert ours == (HOOK_MODULES | V2_MODULES if cgroup2 else HOOK_MODULES)
+    forbidden = (FORBIDDEN - V2_MODULES if cgroup2 else FORBIDDEN) | {"platform"}
+    assert not {m for m in loaded if m in forbidden or any(m.startswith(f + ".") for f in forbidden)}
