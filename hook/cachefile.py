@@ -17,8 +17,8 @@ import os
 import stat
 import time
 
-from hook import __version__
 from hook.entry import read_private
+from hook.version import VERSION
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ _TEMP_SUFFIX = ".tmp"
 
 def stamp(kind: str, format_version: int) -> dict[str, Any]:
     """The header fields every record starts with."""
-    return {"kind": kind, "format": format_version, "hook": __version__}
+    return {"kind": kind, "format": format_version, "hook": VERSION}
 
 
 def current(doc: object, kind: str, format_version: int) -> bool:
@@ -41,7 +41,7 @@ def current(doc: object, kind: str, format_version: int) -> bool:
         isinstance(doc, dict)
         and doc.get("kind") == kind
         and doc.get("format") == format_version
-        and doc.get("hook") == __version__
+        and doc.get("hook") == VERSION
     )
 
 

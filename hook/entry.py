@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import sys
 
-from hook import __version__ as HOOK_VERSION
-
 TYPE_CHECKING = False  # typing is not imported at run time: the fast path cannot afford it
 if TYPE_CHECKING:
     from typing import Any
@@ -247,13 +245,15 @@ def fastpath_record(data: bytes | None, path: str, st: os.stat_result) -> dict[s
     """
     if data is None:
         return None
+    from hook.version import VERSION  # only for custom settings: the default fast path never reads it
+
     try:
         doc = _loads(data)
         entry = doc["files"][os.path.abspath(path)]
         if (
             doc["kind"] != "fastpath"
             or doc["format"] != FASTPATH_FORMAT
-            or doc["hook"] != HOOK_VERSION
+            or doc["hook"] != VERSION
             or entry["key"] != settings_identity(path, st)
             or not _strs(entry["cdi_annotation_prefixes"])
             or not all(entry["cdi_annotation_prefixes"])

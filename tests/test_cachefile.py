@@ -169,7 +169,7 @@ def test_record_of_another_version_with_an_extra_key_is_rewritten(tmp_path: Path
         record = {
             "kind": "fastpath",
             "format": fmt,
-            "hook": version if version != "0.1.0" else entry.HOOK_VERSION,
+            "hook": version if version != "0.1.0" else VERSION,
             "files": {
                 str(path): {
                     "key": entry.settings_identity(str(path), st),
@@ -185,7 +185,7 @@ def test_record_of_another_version_with_an_extra_key_is_rewritten(tmp_path: Path
         assert settings.load_settings(path).privileged_allocation is settings.Policy.REJECT
         assert settings.remember_for_fast_path(path, settings.load_settings(path)) is None
         rewritten = json.loads((run_dir / "fastpath.json").read_text())
-        assert rewritten["hook"] == entry.HOOK_VERSION
+        assert rewritten["hook"] == VERSION
         assert "new_knob_of_another_version" not in rewritten["files"][str(path)]["settings"]
 
 

@@ -17,8 +17,9 @@ import zlib
 from pathlib import Path
 from typing import Any, Final
 
-from hook import __version__, cachefile
+from hook import cachefile
 from hook.record import record
+from hook.version import VERSION
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKey", "Entry", "Cache",
            "file_key", "read", "write"]
@@ -99,7 +100,7 @@ def read(path: Path) -> Cache | None:
     except (OSError, ValueError, RecursionError):
         return None
     if not (line.endswith(b"\n") and isinstance(header, dict) and header.get("magic") == MAGIC
-            and header.get("version") == FORMAT_VERSION and header.get("hook") == __version__
+            and header.get("version") == FORMAT_VERSION and header.get("hook") == VERSION
             and isinstance(header.get("files"), dict) and header.get("size") == size - len(line)):
         return None
     for item in header["files"].values():
@@ -137,6 +138,6 @@ def write(path: Path, entries: dict[str, Entry], bodies: dict[str, bytes]) -> bo
                          "body": [offset, len(body) - 1, zlib.crc32(bodies[source])]}
         chunks.append(body)
         offset += len(body)
-    header = {"magic": MAGIC, "version": FORMAT_VERSION, "hook": __version__, "size": offset, "files": files}
+    header = {"magic": MAGIC, "version": FORMAT_VERSION, "hook": VERSION, "size": offset, "files": files}
     data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(chunks)
     return cachefile.write(str(path.parent), path.name, data) is None
