@@ -22,6 +22,7 @@ import pytest
 from hook import cachefile, entry, settings
 from hook.cdi import cache as cdi_cache
 from hook.cdi.registry import Registry
+from hook.version import VERSION
 from tests.cdi.helpers import base_spec, device, write_spec
 
 NOBODY = 65534
