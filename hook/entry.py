@@ -461,6 +461,9 @@ def _write_out(data: bytes) -> None:
 
 def precreate(opts: dict[str, list[str]]) -> int:
     """Config in on stdin, decided config out on stdout (hooks.d ``precreate``, the runtime wrapper)."""
+    if os.isatty(0):
+        sys.stderr.write("hook: precreate reads an OCI config.json on stdin: hook precreate < config.json\n")
+        return 2
     try:
         stdin = _read(0, MAX_CONFIG)
     except (OSError, ValueError):

@@ -332,13 +332,13 @@ def _env_refusal(kubelet: Kubelet, corroboration: str, value: str) -> str:
     """Why a Kubernetes container's visible-devices env is no request ('' when it counts)."""
     pod = kubelet.pod
     where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
+    if corroboration:  # plugin-only siblings (HAMi, MPS, gpustack) vouch, as outside Kubernetes
+        return ""
     if kubelet.known:
         return (
             f"{VISIBLE_ENV}={value} ignored: the kubelet allocated no GPU to {where} "
-            f"({kubelet.checkpoint}); an image's env is no request"
+            f"({kubelet.checkpoint}) and nothing a plugin sets corroborates it; an image's env is no request"
         )
-    if corroboration:
-        return ""
     return (
         f"{VISIBLE_ENV}={value} ignored: the kubelet's checkpoint {kubelet.checkpoint} is {kubelet.state} "
         f"and nothing a plugin sets corroborates the env of {where} "
@@ -376,8 +376,6 @@ def collect(
         granting = [m for m in mounts if m.kind is not Kind.IMEX]
     imex = [m for m in mounts if m.kind is Kind.IMEX]
     corroboration = _corroborated(config, settings, bool(gpu_allocs))
-    if bounded and not gpu_allocs:
-        corroboration = ""  # the kubelet's record outranks env siblings an image can carry
     env = _from_env(config, settings, corroboration)
     value = config.env.get(VISIBLE_ENV, "")
     shown = value if VISIBLE_ENV in config.env else "all (legacy CUDA image)"

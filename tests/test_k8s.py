@@ -308,17 +308,30 @@ def test_hami_slice_with_its_allocation_gets_its_card(
     assert rep["warnings"] == []
 
 
-def test_hami_slice_corroborated_when_the_checkpoint_cannot_answer(
-    tmp_path: Path, node: dict[str, Path], capsys: Any
+@pytest.mark.parametrize(
+    ("ckpt", "state"), [pytest.param(b"", "read", id="not-listed"), pytest.param(None, "absent", id="absent")]
+)
+def test_hami_slice_corroborated_by_its_plugin_only_siblings(
+    ckpt: bytes | None, state: str, tmp_path: Path, node: dict[str, Path], capsys: Any
 ) -> None:
+    """A plugin that speaks env only (HAMi#469): its sibling env vouches, as outside Kubernetes."""
     cfg = pod_config(cri_env=[f"NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=20000m"])
-    rep = run(tmp_path, node, cfg, capsys, ckpt=None)
+    rep = run(tmp_path, node, cfg, capsys, ckpt=ckpt)
     assert allowed(rep) & ALL_GPU_KEYS == {gpu_key(1)}
     assert rep["evidence"] == ["env", "corroborated-by:env:CUDA_DEVICE_MEMORY_LIMIT_0"]
-    assert rep["kubernetes"]["checkpoint_state"] == "absent"
-    # ...but a checkpoint that answers outranks siblings an image can carry
-    refused = run(tmp_path, node, cfg, capsys)
-    assert refused["cgroup"] == [] and "the kubelet allocated no GPU" in refused["warnings"][0]
+    assert rep["kubernetes"]["checkpoint_state"] == state
+    alone = pod_config(cri_env=[f"NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}"])
+    assert run(tmp_path, node, alone, capsys, ckpt=ckpt)["cgroup"] == []
+
+
+def test_corroborated_slice_still_bounds_a_runtimes_over_grant(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """The vouched env is the allocation: NVIDIA's runtime honoured the image's all, the rest goes."""
+    cri = [f"NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}", "CUDA_DEVICE_SM_LIMIT=30"]
+    cfg = nvidia_runtime(pod_config(image_env=IMAGE_ENV, cri_env=cri), "legacy", list(GPUS), "/bin/true")
+    rep = run(tmp_path, node, cfg, capsys)
+    assert denied(rep) == ALL_GPU_KEYS - {gpu_key(1)} | MIG_CAPS
 
 
 def test_mig_monitor_env_needs_the_kubelets_word_too(
@@ -332,8 +345,11 @@ def test_mig_monitor_env_needs_the_kubelets_word_too(
     trusted = run(  # with a GPU request: NVIDIA ignores MIG envs in a container that asks for no GPU
         tmp_path,
         node,
-        pod_config(image_env=[*cfg["process"]["env"], "NVIDIA_VISIBLE_DEVICES=all"], caps=caps,
-                   namespace="kube-system"),
+        pod_config(
+            image_env=[*cfg["process"]["env"], "NVIDIA_VISIBLE_DEVICES=all"],
+            caps=caps,
+            namespace="kube-system",
+        ),
         capsys,
     )
     assert ("c", CAPS_MAJOR, 2) in allowed(trusted)
@@ -445,6 +461,24 @@ def test_a_pod_with_dra_claims_is_not_bounded_by_the_device_plugin_checkpoint(
     rep = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
     assert (rep["verdict"], denied(rep)) == ("none", set())
     assert rep["kubernetes"]["dra_claims"] is True and rep["kubernetes"]["bounded"] is False
+
+
+def test_text_report_says_what_kubelet_evidence_was_used(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    bundle = write_bundle(tmp_path / "bundle", pod_config("crio"))
+    (tmp_path / "ck").write_bytes(checkpoint([]))
+    args = ["--driver-root", str(node["root"]), "--cdi-spec-dir", str(node["cdi"])]
+    args += ["--config", str(settings_file(tmp_path, kubelet_checkpoint=str(tmp_path / "ck")))]
+    rc, text, _ = simulate(bundle, *args, capsys=capsys, fmt="text")
+    assert rc == 0
+    assert (
+        f"kubernetes: pod ml/train-0 container cuda; checkpoint {tmp_path / 'ck'} read, allocated nothing"
+        in text
+    )
+    assert (
+        "why:      no device requested: NVIDIA_VISIBLE_DEVICES=all is no request here (see warnings)" in text
+    )
 
 
 # --- legacy CUDA images (issue #13): an env request like any other -----------------------------------

@@ -162,6 +162,8 @@ def test_deb_contents(deb: Path) -> None:
     names = {line.split()[-1].lstrip(".") for line in _dpkg("-c", str(deb)).splitlines()}
     for path in (
         HOOK_PATH,
+        "/usr/libexec/oci-device-hook/runtime",
+        "/usr/share/doc/oci-device-hook/engines/oci-device-hook-precreate.json",
         "/usr/libexec/oci-device-hook/lib/hook/__init__.py",
         "/usr/libexec/oci-device-hook/lib/yaml/__init__.py",
         "/usr/libexec/oci-device-hook/lib/click/__init__.py",

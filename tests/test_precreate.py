@@ -235,3 +235,24 @@ def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_pa
         )
     assert res.stdout == example("cpu")
     assert res.stderr.decode() == repr((0, ["hook", "hook.entry"], False, False))
+
+
+def test_kubelet_checkpoint_found_from_the_pod_annotations_alone(
+    node: dict[str, Any], tmp_path: Path
+) -> None:
+    """No state, pid or bundle at precreate: the CRI annotations in the config name the pod and
+    container, and the kubelet checkpoint says which card they were allocated."""
+    from tests.bundles import POD_ANNOTATIONS, SLICE_UUID, checkpoint, checkpoint_entry, config, gpu_nodes
+
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_bytes(checkpoint([checkpoint_entry("nvidia.com/gpu", [SLICE_UUID])]))
+    settings_file(tmp_path, kubelet_checkpoint=str(ckpt))
+    cfg = config(privileged=True, devices=gpu_nodes(), annotations=dict(POD_ANNOTATIONS))
+    res = precreate(node, json.dumps(cfg).encode())
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    cards = [d["path"] for d in out["linux"]["devices"] if d["path"][len("/dev/nvidia") :].isdigit()]
+    assert cards == ["/dev/nvidia1"]
+    assert is_allow_list(rules_of(out))
+    record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
+    assert record["evidence"] == ["kubelet-checkpoint"]

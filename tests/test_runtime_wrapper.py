@@ -191,3 +191,25 @@ def test_a_runtime_the_shell_cannot_read_plainly_is_refused_by_both(kit: dict[st
     res = wrap(kit, "state", "id")
     assert res.returncode == 1 and "runtime" in res.stderr
     assert not kit["record"].exists()
+
+
+def test_registration_files_name_the_installed_paths() -> None:
+    import tomllib
+
+    eng = REPO / "packaging" / "engines"
+    pre = json.loads((eng / "oci-device-hook-precreate.json").read_text())
+    live = json.loads((REPO / "nvidia-hook.json").read_text())
+    assert pre["stages"] == ["precreate"] and pre["hook"]["args"] == ["hook", "precreate"]
+    assert {k: v for k, v in pre["hook"].items() if k != "args"} == {
+        k: v for k, v in live["hook"].items() if k != "args"
+    }
+    assert pre["when"] == {"always": True} and pre["version"] == "1.0.0"
+    v2 = tomllib.loads((eng / "containerd-runtime-v2.toml").read_text())
+    v3 = tomllib.loads((eng / "containerd-runtime-v3.toml").read_text())
+    for doc, plugin in ((v2, "io.containerd.grpc.v1.cri"), (v3, "io.containerd.cri.v1.runtime")):
+        cri = doc["plugins"][plugin]["containerd"]
+        entry = cri["runtimes"]["oci-device-hook"]
+        assert cri["default_runtime_name"] == "oci-device-hook"
+        assert entry["runtime_type"] == "io.containerd.runc.v2"
+        assert entry["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/runtime"
+    assert (v2["version"], v3["version"]) == (2, 3)

@@ -135,9 +135,10 @@ def _check_object(value: Any, schema: Schema, field: str, problems: list[Problem
         return _MISSING
     out: dict[str, Any] = {}
     present: set[str] = set()
-    for key in sorted(value):
+    exact = keys.keys() >= value.keys()  # the usual case: no other spellings, order cannot matter
+    for key in (value if exact else sorted(value)):
         item = value[key]
-        name = _field_for(key, keys)
+        name = key if exact else _field_for(key, keys)
         if name is None:
             problems.append((_join(field, str(key)), f"unknown field {key!r}", "strict-keys"))
             continue

@@ -185,20 +185,22 @@ def test_pod_allocated_gpu2_opens_gpu2_only(
     only(parse_probe(res.stdout), GPUS[2].minor)
 
 
+@pytest.mark.parametrize("absent", [False, True], ids=["checkpoint-without-it", "checkpoint-absent"])
 @V1V2
 def test_hami_style_env_slice_with_corroboration_gets_its_card_only(
-    bundle_dir: Path, node: dict[str, Path], cgroup2: bool
+    bundle_dir: Path, node: dict[str, Path], absent: bool, cgroup2: bool
 ) -> None:
-    """No checkpoint to ask (absent): the plugin-only sibling env vouches, as without Kubernetes."""
+    """HAMi's env (its card's UUID and the plugin-only memory/SM limits): the siblings vouch."""
     cri = [
         f"NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}",
         "CUDA_DEVICE_MEMORY_LIMIT_0=20000m",
         "CUDA_DEVICE_SM_LIMIT=30",
     ]
-    res = run_container(pod(bundle_dir, node, cri_env=cri, ckpt=None), cgroup2=cgroup2)
+    ckpt = None if absent else checkpoint([])
+    res = run_container(pod(bundle_dir, node, cri_env=cri, ckpt=ckpt), cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     only(parse_probe(res.stdout), GPUS[1].minor)
-    assert last_log(node)["kubernetes"]["checkpoint_state"] == "absent"
+    assert last_log(node)["kubernetes"]["checkpoint_state"] == ("absent" if absent else "read")
 
 
 @pytest.mark.parametrize("mode", ["cdi", "legacy"])

@@ -14,6 +14,7 @@ under ``/odh-live`` (containerd) or podman's ``libpod_parent`` (cgroupfs), never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -256,9 +257,12 @@ def containerd(world: dict[str, Path]) -> Iterator[dict[str, Any]]:
         f'version = 2\nroot = "{base}/root"\nstate = "{base}/state"\n'
         f"disabled_plugins = {json.dumps(disabled)}\n"
         f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
+        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{base}/opt"\n'
         '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
     )
     env = {**os.environ, "OCI_DEVICE_HOOK_CONFIG": str(world["settings"])}
+    run_dir = Path("/run/containerd")  # the shims' socket dir is fixed in containerd 1.6
+    had_run_dir = run_dir.exists()
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - closed after the daemon
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log, env=env)
     try:
@@ -277,6 +281,10 @@ def containerd(world: dict[str, Path]) -> Iterator[dict[str, Any]]:
             proc.kill()
             proc.wait()
         log.close()
+        if not had_run_dir:  # only what this daemon made, and only if empty (rmdir, never rm -r)
+            for d in (run_dir / "s", run_dir):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
 
 
 def _ctr(world: dict[str, Path], ctd: dict[str, Any], bundle: Any) -> subprocess.CompletedProcess[str]:
@@ -284,6 +292,7 @@ def _ctr(world: dict[str, Path], ctd: dict[str, Any], bundle: Any) -> subprocess
     bundle.write()
     wrapper = str(world["libexec"] / "runtime")
     cmd = ["ctr", "--address", str(ctd["sock"]), "-n", ctd["ns"], "run", "--rm",
+           "--fifo-dir", str(ctd["base"] / "fifo"), "--runc-root", str(ctd["base"] / "runc"),
            "--config", str(bundle.path / "config.json"), "--runc-binary", wrapper, bundle.id]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
