@@ -35,9 +35,14 @@ def node(tmp_path: Path) -> dict[str, Any]:
     return {"root": root, "settings": settings, "args": [*args, "--config", str(settings)], "tmp": tmp_path}
 
 
+# The hook writes its fast-path cache under /run/oci-device-hook: each run gets a private tmpfs /run.
+PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+IN_NS = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh"]
+
+
 def precreate(node: dict[str, Any], cfg: bytes, *extra: str, env: dict[str, str] | None = None):
     return subprocess.run(
-        [*_hook_exe(), "precreate", *node["args"], *extra],
+        [*IN_NS, *_hook_exe(), "precreate", *node["args"], *extra],
         input=cfg,
         capture_output=True,
         timeout=60,
@@ -181,7 +186,7 @@ def _prestart(node: dict[str, Any], bundle: Path) -> subprocess.CompletedProcess
         "bundle": str(bundle),
     }
     return subprocess.run(
-        [*_hook_exe(), "prestart", *node["args"]],
+        [*IN_NS, *_hook_exe(), "prestart", *node["args"]],
         input=json.dumps(state).encode(),
         capture_output=True,
         timeout=60,

@@ -60,7 +60,7 @@ def kit(tmp_path: Path) -> dict[str, Any]:
 def wrap(kit: dict[str, Any], *args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
     base = {"PATH": os.environ["PATH"], "OCI_DEVICE_HOOK_CONFIG": str(kit["settings"])}
     return subprocess.run(
-        [str(kit["wrapper"]), *args],
+        [*IN_NS, str(kit["wrapper"]), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -79,6 +79,9 @@ def saw(kit: dict[str, Any]) -> dict[str, Any]:
     return json.loads(kit["record"].read_text())
 
 
+# The hook writes its fast-path cache under /run/oci-device-hook: each run gets a private tmpfs /run.
+PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+IN_NS = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh"]
 CONTAINERD_ARGS = ["--root", "/run/containerd/runc/k8s.io", "--log", "/x/log.json", "--log-format", "json"]
 
 

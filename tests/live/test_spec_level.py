@@ -14,7 +14,6 @@ under ``/odh-live`` (containerd) or podman's ``libpod_parent`` (cgroupfs), never
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -62,6 +61,9 @@ MIG_EXPECTED = {
     "/tmp/sib": "EPERM",
     "/tmp/cfg": "EPERM",
 }
+
+
+IN_NS_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
 
 
 def _hook_exe() -> str:
@@ -144,6 +146,7 @@ def _podman(world: dict[str, Path], hooks: Path, args: list[str], probes: list[s
     script.write_text(
         textwrap.dedent(f"""\
         set -eu
+        mount -t tmpfs -o mode=0755 tmpfs /run; mkdir /run/oci-device-hook
         mount -t tmpfs -o mode=0755,nosuid tmpfs /dev
         cp -a {world["driver"]}/dev/. /dev/
         mknod -m 666 /dev/null c 1 3; mknod -m 666 /dev/zero c 1 5; mknod -m 666 /dev/full c 1 7
@@ -261,10 +264,23 @@ def containerd(world: dict[str, Path]) -> Iterator[dict[str, Any]]:
         '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
     )
     env = {**os.environ, "OCI_DEVICE_HOOK_CONFIG": str(world["settings"])}
-    run_dir = Path("/run/containerd")  # the shims' socket dir is fixed in containerd 1.6
-    had_run_dir = run_dir.exists()
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - closed after the daemon
-    proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log, env=env)
+    # in its own mount namespace with a private /run: the shims' sockets (/run/containerd/s, fixed in
+    # 1.6) and the hook's fast-path cache (/run/oci-device-hook) never reach the host's /run
+    cmd = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        IN_NS_RUN,
+        "sh",
+        "containerd",
+        "--config",
+        str(config),
+    ]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     try:
         for _ in range(100):
             if sock.exists():
@@ -281,10 +297,6 @@ def containerd(world: dict[str, Path]) -> Iterator[dict[str, Any]]:
             proc.kill()
             proc.wait()
         log.close()
-        if not had_run_dir:  # only what this daemon made, and only if empty (rmdir, never rm -r)
-            for d in (run_dir / "s", run_dir):
-                with contextlib.suppress(OSError):
-                    d.rmdir()
 
 
 def _ctr(world: dict[str, Path], ctd: dict[str, Any], bundle: Any) -> subprocess.CompletedProcess[str]:
@@ -350,7 +362,8 @@ def test_wrapper_runs_crun_on_cgroup_v2(world: dict[str, Path], tmp_path: Path) 
     run = f"{world['libexec'] / 'runtime'} --root {state} run --bundle {b.path} {b.id}"
     env = {**os.environ, "OCI_DEVICE_HOOK_CONFIG": str(settings)}
     try:
-        inner = f"mount -t cgroup2 none /sys/fs/cgroup && {run}"
+        private_run = "mount -t tmpfs tmpfs /run && mkdir /run/oci-device-hook"
+        inner = f"{private_run} && mount -t cgroup2 none /sys/fs/cgroup && {run}"
         proc = subprocess.run(
             ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env,
