@@ -379,9 +379,8 @@ def test_wrapper_runs_crun_on_cgroup_v2(world: dict[str, Path], tmp_path: Path) 
     if crun is None:
         pytest.skip("crun not installed")
     settings = tmp_path / "crun.yaml"
-    settings.write_text(
-        world["settings"].read_text() + f"runtime: {crun}\n"
-    )  # the last line wins, in YAML and sh
+    kept = [ln for ln in world["settings"].read_text().splitlines() if not ln.startswith("runtime:")]
+    settings.write_text("\n".join([*kept, f"runtime: {crun}"]) + "\n")  # a duplicate key is an error
     b = _privileged_bundle(tmp_path / "b", SLICE_ENV, SLICE_PROBES)
     b.config["root"] = {"path": str(world["rootfs"])}
     b.write()
