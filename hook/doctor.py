@@ -34,6 +34,7 @@ HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
 LIBEXEC = "/usr/libexec/oci-device-hook"
 CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
 HOOKS_FILE = "oci-device-hook.json"
+LATE_HOOKS_FILE = "zz-oci-device-hook.json"  # the installer's name where NVIDIA's hooks.d file is present
 DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 HOOK_STAGES = frozenset({"prestart", "createRuntime"})
 REQUIRED_MAJORS = ("nvidia", "nvidia-uvm", "nvidia-caps")
@@ -164,11 +165,11 @@ def _effective_hooks_file(hooks_dirs: Sequence[Path]) -> Path | None:
     """The file an engine would use: same file name in a later directory replaces an earlier one."""
     found: Path | None = None
     for directory in hooks_dirs:
-        candidates = [directory / HOOKS_FILE]
+        candidates = [directory / HOOKS_FILE, directory / LATE_HOOKS_FILE]  # the installer's two names
         if directory.is_dir():
             candidates += sorted(directory.glob("*.json"))
         for path in candidates:
-            if path.is_file() and (path.name == HOOKS_FILE or _points_at_hook(path)):
+            if path.is_file() and (path.name in (HOOKS_FILE, LATE_HOOKS_FILE) or _points_at_hook(path)):
                 found = path
                 break
     return found
@@ -179,7 +180,9 @@ def _points_at_hook(path: Path) -> bool:
         hook = json.loads(path.read_text()).get("hook", {})
     except (OSError, ValueError, AttributeError):
         return False
-    return isinstance(hook, dict) and hook.get("path") == HOOK_PATH
+    stages = json.loads(path.read_text()).get("stages") or []
+    live = isinstance(stages, list) and bool(HOOK_STAGES & set(stages))  # not a precreate-only file
+    return isinstance(hook, dict) and hook.get("path") == HOOK_PATH and live
 
 
 def _hooks_problem(path: Path) -> str:
@@ -274,7 +277,7 @@ def check_containerd(config: Path, libexec: str = LIBEXEC) -> Check:
     fix = "run the installer (packaging/kubernetes) and restart containerd"
     runc = [h for h in found if h.runtime_type in RUNC_TYPES]
     if not runc:
-        return Check("containerd", False, f"{config}: no runc runtime handler (version {version})", fix)
+        return Check("containerd", False, f"{config}: containerd's implicit runc handler not registered", fix)
     ours = {f"{libexec}/runtime"} | {f"{libexec}/handlers/{h.name}" for h in runc}
     missing = [h.name for h in runc if h.binary not in ours]
     listed = ", ".join(f"{h.name}{' (default)' if h.default else ''}" for h in runc)

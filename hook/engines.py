@@ -28,6 +28,7 @@ from hook.record import record
 __all__ = [
     "HOOKS_NAME",
     "LATE_HOOKS_NAME",
+    "PRECREATE_NAME",
     "NVIDIA_HOOKS_NAMES",
     "Handler",
     "ContainerdEdit",
@@ -43,6 +44,7 @@ __all__ = [
 RUNC_TYPES = frozenset({"io.containerd.runc.v2", "io.containerd.runc.v1", "io.containerd.runtime.v1.linux"})
 DEFAULT_RUNTIME_TYPE = "io.containerd.runc.v2"
 HOOKS_NAME = "oci-device-hook.json"
+PRECREATE_NAME = "oci-device-hook-precreate.json"  # as packaging/engines ships it
 LATE_HOOKS_NAME = "zz-oci-device-hook.json"  # sorts after NVIDIA's file: ours runs after its hook
 NVIDIA_HOOKS_NAMES = ("oci-nvidia-hook.json", "nvidia-container-toolkit.json")
 

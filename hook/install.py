@@ -235,13 +235,13 @@ def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) 
     return True
 
 
-def _hooks_doc(node: Node, src: Path) -> dict[str, Any]:
+def _hooks_doc(node: Node, src: Path, stage: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(
         (src / "usr/share/containers/oci/hooks.d" / engines.HOOKS_NAME).read_text()
     )
     hook = doc["hook"]
     hook["path"] = f"{node.opts.libexec}/hook"
-    if node.opts.mode == "precreate":
+    if stage == "precreate":
         doc["stages"] = ["precreate"]
         hook["args"] = ["hook", "precreate"]
     if node.opts.etc != DEFAULTS["etc"]:
@@ -249,17 +249,25 @@ def _hooks_doc(node: Node, src: Path) -> dict[str, Any]:
     return doc
 
 
-def _register_hooks_d(node: Node, src: Path, rec: dict[str, Any]) -> str:
+def _register_hooks_d(node: Node, src: Path, rec: dict[str, Any]) -> list[str]:
+    """The prestart file (named to sort after NVIDIA's), and in precreate mode the precreate file
+    beside it: the prestart hook then sees the decided marker and does nothing more."""
     dirs = dict.fromkeys([node.opts.hooks_dir, *OTHER_HOOKS_DIRS])
     present = [p.name for d in dirs if node.path(d).is_dir() for p in node.path(d).iterdir()]
-    name = engines.hooks_file_name(present)
-    path = f"{node.opts.hooks_dir}/{name}"
-    data = (json.dumps(_hooks_doc(node, src), indent=2) + "\n").encode()
-    _atomic_write(node.path(path), data)
-    old = rec.get("hooks_file")
-    if old and old != path:
-        node.path(old).unlink(missing_ok=True)
-    return path
+    files = {f"{node.opts.hooks_dir}/{engines.hooks_file_name(present)}": "prestart"}
+    if node.opts.mode == "precreate":
+        files[f"{node.opts.hooks_dir}/{engines.PRECREATE_NAME}"] = "precreate"
+    for path, stage in files.items():
+        data = (json.dumps(_hooks_doc(node, src, stage), indent=2) + "\n").encode()
+        _atomic_write(node.path(path), data)
+    for old in _hooks_files(rec):
+        if old not in files:
+            node.path(old).unlink(missing_ok=True)
+    return list(files)
+
+
+def _hooks_files(rec: dict[str, Any]) -> list[str]:
+    return [str(p) for p in rec.get("hooks_files") or ([rec["hooks_file"]] if rec.get("hooks_file") else [])]
 
 
 def _containerd_wanted(node: Node) -> bool:
@@ -358,7 +366,8 @@ def install(node: Node) -> int:
     rec.update(version=version, python=python_version, libexec=opts.libexec, mode=opts.mode)
     history = [v for v in rec.get("history", []) if v != version] + [version]
     rec["history"] = history[-10:]
-    rec["hooks_file"] = _register_hooks_d(node, src, rec)
+    rec["hooks_files"] = _register_hooks_d(node, src, rec)
+    rec["hooks_file"] = rec["hooks_files"][0]
     _write_record(node, rec)
     changed = False
     if _containerd_wanted(node):
@@ -367,7 +376,7 @@ def install(node: Node) -> int:
     _write_record(node, rec)
     if changed and opts.restart_engine:
         _restart(node, "containerd")
-    where = f"hooks.d ({rec['hooks_file']})" + (", containerd" if "containerd" in rec else "")
+    where = f"hooks.d ({', '.join(rec['hooks_files'])})" + (", containerd" if "containerd" in rec else "")
     note = "; settings applied" if settings_changed else ""
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
@@ -408,7 +417,7 @@ def _unregister_containerd(node: Node, state: dict[str, Any]) -> bool:
 def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
-    for path in {rec.get("hooks_file", ""), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"} - {""}:
+    for path in {*_hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
         target = node.path(path)
         if target.exists() and _ours(target, opts.libexec):
             target.unlink()

@@ -403,11 +403,18 @@ def test_installer_orders_after_nvidia_and_doctor_checks_it(node: Node, tree: Pa
     assert not bad.ok and "ours runs before NVIDIA's hook" in bad.detail
     (node.hooks / "oci-device-hook.json").unlink()
     _ok(node.installer("install", tree, "--engine", "hooks.d", "--mode", "precreate"))
-    assert sorted(p.name for p in node.hooks.iterdir()) == ["oci-nvidia-hook.json", "zz-oci-device-hook.json"]
+    assert sorted(p.name for p in node.hooks.iterdir()) == [
+        "oci-device-hook-precreate.json", "oci-nvidia-hook.json", "zz-oci-device-hook.json"
+    ]  # fmt: skip
     good = doctor.check_hooks_order([node.hooks], str(node.libexec))
-    assert good.ok and "precreate (spec level)" in good.detail, good
-    doc = json.loads((node.hooks / "zz-oci-device-hook.json").read_text())
+    assert good.ok and "precreate (spec level), prestart (live) after NVIDIA's hook" in good.detail, good
+    doc = json.loads((node.hooks / "oci-device-hook-precreate.json").read_text())
     assert doc["stages"] == ["precreate"] and doc["hook"]["args"][:2] == ["hook", "precreate"]
+    assert json.loads((node.hooks / "zz-oci-device-hook.json").read_text())["stages"] == ["prestart"]
+    live = doctor.check_hooks([node.hooks])
+    assert live.ok and live.detail.startswith(str(node.hooks / "zz-oci-device-hook.json")), live
+    _ok(node.installer("install", tree, "--engine", "hooks.d"))  # back to prestart only
+    assert sorted(p.name for p in node.hooks.iterdir()) == ["oci-nvidia-hook.json", "zz-oci-device-hook.json"]
 
 
 # --- the DaemonSet's scripts --------------------------------------------------------------------------------
@@ -588,3 +595,16 @@ def _podman_case(node: Node, tree: Path, short: Path) -> None:
     run = _podman(short, node.hooks, rootfs, "--privileged")
     assert run.returncode == 0, run.stderr
     assert len(node.log.read_text().splitlines()) == lines
+
+
+def test_doctor_containerd_states(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    assert doctor.check_containerd(cfg).ok  # absent: not a containerd node
+    cfg.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  bin_dir = "/usr/lib/cni"\n')
+    bare = doctor.check_containerd(cfg)
+    assert not bare.ok and "implicit runc handler not registered" in bare.detail
+    new, _ = engines.register_containerd(cfg.read_text(), str(cfg), {}, f"{doctor.LIBEXEC}/runtime")
+    cfg.write_text(new)
+    assert doctor.check_containerd(cfg).ok
+    cfg.write_text("version = 1\n[plugins.cri]\n")
+    assert "version 1 is not supported" in doctor.check_containerd(cfg).detail

@@ -34,12 +34,16 @@ MIG_MINORS_PATH: Final = "proc/driver/nvidia-caps/mig-minors"
 CAPS_PROC_DIR: Final = "proc/driver/nvidia/capabilities"
 CAPS_DEV_DIR: Final = "dev/nvidia-caps"
 
-_GI: Final = re.compile(r"gpu(\d+)/gi(\d+)/access")
-_CI: Final = re.compile(r"gpu(\d+)/gi(\d+)/ci(\d+)/access")
 _GLOBAL: Final = ("config", "monitor")
-_VALID_LINE: Final = re.compile(
-    r"^[ \t]*(config|monitor|gpu\d+/gi\d+(?:/ci\d+)?/access)[ \t]+(\d+)[ \t]*$", re.MULTILINE
-)
+_VALID_LINE_RE: Final = r"^[ \t]*(config|monitor|gpu\d+/gi\d+(?:/ci\d+)?/access)[ \t]+(\d+)[ \t]*$"
+_compiled: list[re.Pattern[str]] = []
+
+
+def _valid_line() -> re.Pattern[str]:
+    """Compiled on first use: with the table cached (hook.nvidia.inventory) most starts never parse it."""
+    if not _compiled:
+        _compiled.append(re.compile(_VALID_LINE_RE, re.MULTILINE))
+    return _compiled[0]
 
 
 @record
@@ -71,13 +75,23 @@ class MigMinors:
         return self.by_name
 
 
+def _number(part: str, prefix: str) -> int | None:
+    """``gpu12`` with prefix ``gpu`` → 12 (``\\d+``: any Unicode decimal digits), else None."""
+    digits = part[len(prefix) :]
+    return int(digits) if part.startswith(prefix) and digits.isdecimal() else None
+
+
 def cap_key(name: str) -> tuple[int, ...]:
-    """``gpu0/gi1/access`` → (0, 1); ``gpu0/gi1/ci2/access`` → (0, 1, 2); else ()."""
-    if m := _CI.fullmatch(name):
-        return (int(m[1]), int(m[2]), int(m[3]))
-    if m := _GI.fullmatch(name):
-        return (int(m[1]), int(m[2]))
-    return ()
+    """``gpu0/gi1/access`` → (0, 1); ``gpu0/gi1/ci2/access`` → (0, 1, 2); else ().
+
+    String methods equal to ``gpu(\\d+)/gi(\\d+)(/ci(\\d+))?/access`` (tests/nvidia/test_ids_parsers.py),
+    called for every capability on every start; a pattern cost a compile each start.
+    """
+    parts = name.split("/")
+    if len(parts) not in (3, 4) or parts[-1] != "access":
+        return ()
+    nums = [_number(p, pre) for p, pre in zip(parts[:-1], ("gpu", "gi", "ci"), strict=False)]
+    return () if None in nums else tuple(n for n in nums if n is not None)
 
 
 def gi_cap_name(gpu_minor: int, gi: int) -> str:
@@ -108,7 +122,7 @@ def _slow_parse(text: str, source: str) -> tuple[list[tuple[str, str, int]], lis
         line = raw.strip()
         if not line:
             continue
-        match = _VALID_LINE.fullmatch(line)
+        match = _valid_line().fullmatch(line)
         if match is None:
             warnings.append(f"{source}: line {lineno}: skipped unexpected line {line!r}")
         else:
@@ -122,7 +136,7 @@ def parse_mig_minors(text: str, source: str = MIG_MINORS_PATH) -> MigMinors:
     The driver lists ~4300 lines, so valid files take one C-level ``findall``; only a file with
     some other line is walked line by line to name it.
     """
-    fast = _VALID_LINE.findall(text)
+    fast = _valid_line().findall(text)
     if len(fast) == text.count("\n") + (not text.endswith("\n")):  # every line valid (no blank ones)
         pairs, warnings = [(name, minor, 0) for name, minor in fast], list[str]()
     else:
