@@ -164,6 +164,8 @@ class Bench:
         floor = self.runc_sample("nodev-floor", bundles.nodev_config, self.hooks(self.floor_cmd()))
         self.add(Row("(1f) floor: `python3 -ISB -c pass` as the hook, no-device container", "bare runc",
                      paired(bare, floor, self.reps)))
+        self.add(Row("(1h) the hook against the floor, no-device container", "runc + `python3 -ISB -c pass`",
+                     paired(floor, hooked, self.reps)))
 
     def slice_rows(self, version: int) -> None:
         launcher = [str(self.launcher)]
@@ -172,6 +174,9 @@ class Bench:
         hooked = self.runc_sample(f"slice{version}-hook", bundles.slice_config, hooks)
         self.add(Row(f"(2) `runc run`, seed 000 slice pod (narrowed live, cgroup v{version})", "bare runc",
                      paired(bare, hooked, self.reps), 2.0))
+        floor = self.runc_sample(f"slice{version}-floor", bundles.slice_config, self.hooks(self.floor_cmd()))
+        self.add(Row(f"(2h) the hook against the floor, slice pod, cgroup v{version}",
+                     "runc + `python3 -ISB -c pass`", paired(floor, hooked, self.reps)))
 
     def scale_rows(self) -> None:
         launcher = [str(self.launcher)]
@@ -417,7 +422,8 @@ in that namespace only.
 
 - (1): wall time of `runc run` of a busybox `/bin/true` container with no device (`--root` in a
   scratch dir), bare and with the hook as its prestart hook (no `--config`: the fast path).
-  (1f) is the floor: the same with `python3 -ISB -c pass` as the hook.
+  (1f) is the floor: the same with `python3 -ISB -c pass` as the hook; (1h) and (2h) pair the
+  hook with that floor directly (what the hook costs beyond starting a Python at all).
 - (2): `examples/slice-privileged` made runnable: privileged shape, all 8 GPUs + MIG caps of
   `tests/hosttree.make_host_tree(root, "8x-mig")` (real nodes under the fake `--driver-root`),
   `NVIDIA_VISIBLE_DEVICES` of one GPU; the hook narrows it (v1: deny rules written to the device
