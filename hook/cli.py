@@ -282,6 +282,21 @@ def log_cmd(
     _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", **filters))
 
 
+@cli.group("settings")
+def settings_group() -> None:
+    """The settings file: check one before it is deployed."""
+
+
+@settings_group.command("check")
+@click.argument("file", type=PathArg)
+def settings_check(file: Path) -> None:
+    """Validate FILE as the live hook would (unknown or duplicate keys, bad values): one line, exit 0/1."""
+    from hook.settings import load_settings
+
+    load_settings(file, required=True)  # a HookError is printed by ``run`` as one line, exit 1
+    _finish(f"{file}: ok", 0)
+
+
 def run(argv: list[str]) -> int:
     """Run the CLI and translate every outcome to the contract's exit codes."""
     try:

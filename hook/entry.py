@@ -16,7 +16,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: the fast path canno
 if TYPE_CHECKING:
     from typing import Any
 
-TOOLS = frozenset({"inventory", "cdi", "doctor", "log"})
+TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "settings"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
 OTHER_STAGES = frozenset({"createContainer", "startContainer", "poststart", "poststop"})
 VALUE_OPTIONS = frozenset({"--config", "--driver-root", "--cdi-spec-dir", "--inventory", "--format"})
@@ -40,6 +40,8 @@ DEFAULT_SETTINGS = "/etc/oci-device-hook/config.yaml"
 DEFAULT_PREFIXES = ("cdi.k8s.io/",)
 DEFAULT_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 FASTPATH_CACHE = "/run/oci-device-hook/fastpath.json"
+FASTPATH_FORMAT = 2  # 2: one entry per settings file, with the hook's version
+FASTPATH_MAX = 256 << 10
 MAX_STATE = 1 << 20
 MAX_CONFIG = 16 << 20
 NVIDIA_ENVS = (
@@ -136,7 +138,10 @@ def _loads(data: bytes) -> Any:
 
     UTF-8 input goes through the C scanner ``json.loads`` itself uses, set up as its default
     decoder. Whatever ``json.detect_encoding`` might read as another encoding (a BOM, a NUL in the
-    first four bytes), or a Python without ``_json``, is handed to ``json.loads`` itself.
+    first four bytes), a Python without ``_json``, and every way the scanner can fail other than
+    a plain decode error (a ``SystemError`` on a truncated escape, a ``RecursionError`` on deep
+    nesting) are handed to ``json.loads`` itself: the trick never decides a case the public way
+    would decide differently (tests/fuzz proves it on mutated and truncated real configs).
     """
     if not _scanner:
         try:
@@ -146,54 +151,150 @@ def _loads(data: bytes) -> Any:
         else:
             _scanner.append(make_scanner(_Defaults()))  # type: ignore[arg-type]
     scan_once = _scanner[0]
-    if scan_once is None or b"\x00" in data[:4] or data.startswith(_OTHER_ENCODING):
-        import json
+    if scan_once is not None and b"\x00" not in data[:4] and not data.startswith(_OTHER_ENCODING):
+        try:
+            text = data.decode("utf-8", "surrogatepass")
+            value, end = scan_once(text, len(text) - len(text.lstrip(_JSON_WS)))
+            if not text[end:].lstrip(_JSON_WS):
+                return value
+        except Exception:  # any surprise of the trick: ask the public way
+            pass
+    import json
 
-        return json.loads(data)
-    text = data.decode("utf-8", "surrogatepass")
-    try:
-        value, end = scan_once(text, len(text) - len(text.lstrip(_JSON_WS)))
-    except StopIteration:
-        raise ValueError("Expecting value") from None
-    if text[end:].lstrip(_JSON_WS):
-        raise ValueError("Extra data")
-    return value
+    return json.loads(data)
 
 
 def _read(fd_or_path: int | str, limit: int) -> bytes:
-    with open(fd_or_path, "rb", closefd=not isinstance(fd_or_path, int)) as f:
-        data = f.read(limit + 1)
-    if len(data) > limit and not isinstance(fd_or_path, int):
+    """At most ``limit`` bytes (a path: a ValueError when larger); never blocks on a FIFO or a tty."""
+    if isinstance(fd_or_path, int):
+        with open(fd_or_path, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    fd = os.open(fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not _regular(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = _read_fd(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")
     return data
+
+
+def _regular(mode: int) -> bool:
+    return mode & 0o170000 == 0o100000  # stat.S_ISREG without importing stat
+
+
+def _read_fd(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, min(limit - size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def read_private(directory: str, name: str, limit: int) -> bytes | None:
+    """The bytes of ``directory/name`` if both are the hook's own, else None (a cache miss).
+
+    The rule for every file under the cache directory (``hook.cachefile`` writes them; the fast
+    path reads here, with ``os`` only): the directory is not a symlink, is owned by this user
+    and open to no one else; the file is opened ``O_NOFOLLOW|O_NONBLOCK`` relative to it and
+    ``fstat`` says regular, ours, not group/other-writable and at most ``limit`` bytes before a
+    byte is read. A FIFO, a device, a symlink, a planted or huge file is a miss, never a hang.
+    """
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not _regular(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > limit:
+            return None
+        data = _read_fd(fd, st.st_size + 1)
+        return data if len(data) == st.st_size else None  # changed while read: a miss
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def settings_identity(path: str, st: os.stat_result) -> list[object]:
+    """What ties a fast-path record to one settings file's content (any edit changes it)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+
+def fastpath_record(data: bytes | None, path: str, st: os.stat_result) -> dict[str, Any] | None:
+    """This settings file's entry in the fast-path record, or None when anything is off.
+
+    The record is ``{"format", "hook", "files": {abspath: entry}}``: several settings files
+    (several engines, a test run) each keep their entry. Another format or hook version, a
+    foreign shape, garbage or a truncated file is a miss; the full path rewrites it.
+    """
+    if data is None:
+        return None
+    from hook.version import VERSION  # only for custom settings: the default fast path never reads it
+
+    try:
+        doc = _loads(data)
+        entry = doc["files"][os.path.abspath(path)]
+        if (
+            doc["kind"] != "fastpath"
+            or doc["format"] != FASTPATH_FORMAT
+            or doc["hook"] != VERSION
+            or entry["key"] != settings_identity(path, st)
+            or not _strs(entry["cdi_annotation_prefixes"])
+            or not all(entry["cdi_annotation_prefixes"])
+            or not isinstance(entry["volume_mount_root"], str)
+            or not isinstance(entry["settings"], dict)
+        ):
+            return None
+    except Exception:  # whatever the file holds, it is only a miss
+        return None
+    return entry if isinstance(entry, dict) else None
 
 
 def _fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
     """The two settings the fast path needs (CDI annotation prefixes, volume-mount root), or None.
 
     Defaults when the file is absent or all comments. Otherwise the full path has compiled them
-    into ``FASTPATH_CACHE`` keyed by the file's identity; a stale or missing entry means "take the
-    full path", which rewrites it. So custom settings cost yaml once, not on every container.
+    into ``FASTPATH_CACHE`` keyed by the file's path and identity; a stale or missing entry means
+    "take the full path", which rewrites it. So custom settings cost yaml once, not on every
+    container. A settings file that is not a regular file is the full path's to report.
     """
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
-    except OSError:
+    except (OSError, ValueError):
+        return None
+    if not _regular(st.st_mode):
         return None
     if st.st_size < 65536:
-        with open(path, "rb") as f:
-            text = f.read()
+        try:
+            text = _read(path, 65536)
+        except (OSError, ValueError):
+            return None
         lines = (ln.strip() for ln in text.splitlines())
         if all(not ln or ln.startswith(b"#") or ln == b"---" for ln in lines):
             return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
-    try:
-        cached = _loads(_read(FASTPATH_CACHE, 65536))
-        if cached["key"] == [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino]:
-            return tuple(cached["cdi_annotation_prefixes"]), str(cached["volume_mount_root"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+    directory, name = os.path.split(FASTPATH_CACHE)
+    entry = fastpath_record(read_private(directory, name, FASTPATH_MAX), path, st)
+    if entry is None:
+        return None
+    return tuple(entry["cdi_annotation_prefixes"]), entry["volume_mount_root"]
 
 
 def needs_decision(
@@ -334,7 +435,7 @@ def _fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
         ):
             return False
         return not needs_decision(config, annotations, *fast)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except Exception:  # any doubt (deep, huge, odd input): the full path decides
         return False
 
 
@@ -410,7 +511,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from hook.live import run_live
 
-    return run_live(opts, stdin)
+    try:
+        return run_live(opts, stdin)
+    except Exception as exc:  # the runtime shows one line, never a traceback
+        from hook.escape import clean
+
+        sys.stderr.write(f"oci-device-hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
+        return 1
 
 
 def run() -> None:

@@ -22,8 +22,15 @@ class HookError(Exception):
         self.reason = reason
 
     def __str__(self) -> str:
-        parts = [p for p in (self.file, self.field, self.reason) if p]
-        return ": ".join(parts).replace("\n", " ")
+        """One line: file, field, reason; each escaped and capped (a field or reason may quote a
+        container's string), a repeated part said once."""
+        from hook.escape import clean
+
+        parts: list[str] = []
+        for p in (self.file, self.field, self.reason):
+            if p and (not parts or parts[-1] != p):
+                parts.append(p)
+        return ": ".join(clean(p, 1024) for p in parts)
 
 
 class InputError(HookError):

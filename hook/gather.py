@@ -120,7 +120,14 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
         return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs)
 
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the container's start
+            raise InputError(str(path), "", "not a regular file")
         data = read_limited(path, MAX_CHECKPOINT_BYTES, "kubelet checkpoint")
+    except FileNotFoundError:
+        return view("absent")
+    except OSError as exc:
+        warnings.append(f"{path}: {exc.strerror or exc}; using the other evidence")
+        return view("unreadable")
     except InputError as exc:
         if os.path.lexists(path):
             warnings.append(f"{exc}; using the other evidence")
@@ -164,6 +171,7 @@ class _Resolver:
         self.specific_mig = False
         self.warnings: list[str] = []
         self._has_specs: bool | None = None  # asked once per NVIDIA request; scanned once
+        self._driver: bool | None = None
 
     def registry(self) -> Registry:
         if self._registry is None:
@@ -182,6 +190,25 @@ class _Resolver:
         if self._has_specs is None:
             self._has_specs = any(_holds_spec(d) for d in self.opts.spec_dirs)
         return self._has_specs
+
+    def no_driver(self, req: DeviceRequest) -> tuple[Grant, ...] | None:
+        """On a node without the NVIDIA kernel driver (a CPU node with the package installed):
+        ``None`` when a driver is loaded (or an ``--inventory`` stands in for it); else no grants
+        and a warning for a request nothing backs (``none``, an env value without plugin
+        evidence, MIG management), and an error for one a plugin or CDI allocation made."""
+        if self._driver is None:
+            loaded = (self.driver_root / "proc/driver/nvidia").is_dir()
+            self._driver = loaded or self.opts.inventory_file is not None
+        if self._driver:
+            return None
+        if req.from_plugin and req.kind is not Kind.NO_GPU and req.value.lower() != "none":
+            raise InputError(
+                req.source, req.value, "allocated, but this node has no NVIDIA driver (/proc/driver/nvidia)"
+            )
+        self.warnings.append(
+            f"{req.source}={req.value}: no NVIDIA driver on this node: the container starts without a GPU"
+        )
+        return ()
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
@@ -230,7 +257,8 @@ class _Resolver:
         self.specific_mig |= _is_mig_id(req.value)  # also when the CDI spec, not the inventory, resolves it
         if self.has_specs() and name in self.registry().devices:
             return self.cdi([name])
-        return self.from_inventory(req.value, req.source)
+        missing = self.no_driver(req)
+        return self.from_inventory(req.value, req.source) if missing is None else missing
 
     def from_inventory(self, value: str, source: str) -> tuple[Grant, ...]:
         """An NVIDIA device ID resolved against the host inventory, with its control and DRM nodes."""
@@ -253,6 +281,9 @@ class _Resolver:
 
     def cdi_or_jit(self, req: DeviceRequest) -> tuple[Grant, ...]:
         if self.is_jit(req.value):
+            missing = self.no_driver(req)
+            if missing is not None:
+                return missing
             return self.from_inventory(req.value[len(JIT_PREFIX) :], req.source)
         return self.cdi([req.value])
 
@@ -260,7 +291,14 @@ class _Resolver:
         """A ``runtime.nvidia.com/gpu=`` name with no spec on disk (NVIDIA makes them on the fly)."""
         return name.startswith(JIT_PREFIX) and not (self.has_specs() and name in self.registry().devices)
 
+    def no_gpu(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        missing = self.no_driver(req)
+        return self.control() if missing is None else missing
+
     def mgmt(self, req: DeviceRequest) -> tuple[Grant, ...]:
+        missing = self.no_driver(req)
+        if missing is not None:
+            return missing
         from hook.nvidia.nodes import mig_mgmt_nodes
 
         nodes = mig_mgmt_nodes(self.inventory(), req.kind is Kind.MIG_CONFIG, req.kind is Kind.MIG_MONITOR)
@@ -298,7 +336,7 @@ class _Resolver:
         handlers: dict[Kind, Callable[[DeviceRequest], tuple[Grant, ...]]] = {
             Kind.CDI: self.cdi_or_jit,
             Kind.NVIDIA: self.nvidia,
-            Kind.NO_GPU: lambda r: self.control(),
+            Kind.NO_GPU: self.no_gpu,
             Kind.MIG_CONFIG: self.mgmt,
             Kind.MIG_MONITOR: self.mgmt,
             Kind.NODE: self.node,

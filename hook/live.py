@@ -7,12 +7,14 @@ already let through every container that needs nothing, so the hook never blocks
 
 from __future__ import annotations
 
+import posixpath
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from hook.decide import decide
 from hook.errors import HookError, InputError
+from hook.escape import clean
 from hook.gather import Options, load_config, load_inputs
 from hook.oci import OciConfig, parse_state
 from hook.plan import Verdict
@@ -75,7 +77,7 @@ def _log(
         return
     problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
-        sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
+        sys.stderr.write(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
 
 
 def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
@@ -86,7 +88,50 @@ def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
     if path.exists():
         problem = remember_for_fast_path(path, settings)
         if problem:
-            sys.stderr.write(f"oci-device-hook: warning: fast path cache: {problem}\n")
+            sys.stderr.write(f"oci-device-hook: warning: fast path cache: {clean(problem)}\n")
+
+
+def _settings_cannot_matter(config: OciConfig, annotations: Mapping[str, str]) -> bool:
+    """No settings file could make this container ask for a device or count as widened.
+
+    Stricter than the fast path's test with default settings: any annotation key that mentions
+    CDI (a custom prefix might match it) and any ``/dev/null`` mount (a custom volume-mount root
+    might hold it) count as a possible request.
+    """
+    from hook.entry import DEFAULT_MOUNT_ROOT, DEFAULT_PREFIXES, needs_decision
+
+    if needs_decision(dict(config.raw), dict(annotations), DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT):
+        return False
+    if any("cdi" in key.lower() for key in annotations):
+        return False
+    return not any(m.source and posixpath.normpath(m.source) == "/dev/null" for m in config.mounts)
+
+
+def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]) -> int:
+    """A settings file that does not load stops only the containers whose decision it could change.
+
+    A container that asks for no device under any settings starts (the error is logged and
+    printed as a warning, once per container); any other container fails closed with the error.
+    """
+    container = ""
+    annotations: Mapping[str, str] = {}
+    try:
+        state = parse_state(stdin, STDIN)
+        container = state.id
+        config = load_config(state)
+        annotations = {**config.annotations, **state.annotations}
+        harmless = _settings_cannot_matter(config, annotations)
+    except HookError:
+        harmless = False
+    record: dict[str, Any] = {"container": {"id": container}, "error": str(error)}
+    if harmless:
+        sys.stderr.write(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
+        reason = "settings file broken; the container asks for no device"
+        _log({**record, "verdict": "none", "reason": reason}, None, annotations, opts)
+        return 0
+    sys.stderr.write(f"oci-device-hook: {error}\n")
+    _log({**record, "verdict": "error"}, None, annotations, opts)
+    return error.exit_code
 
 
 def _decided_before(config: OciConfig, settings: Settings) -> bool:
@@ -115,7 +160,12 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     try:
         options = options_from(opts, use_cache=True)
         # settings first, so that an error in the state or config.json is logged where the operator said
-        settings = load_settings(options.settings_file or DEFAULT_PATH, required=bool(options.settings_file))
+        try:
+            settings = load_settings(
+                options.settings_file or DEFAULT_PATH, required=bool(options.settings_file)
+            )
+        except InputError as exc:
+            return _broken_settings(exc, stdin, opts)
         _remember(opts, settings)
         state = parse_state(stdin, STDIN)
         container = state.id
@@ -131,7 +181,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
             _log(report, settings, annotations, opts)
-            sys.stderr.write(f"oci-device-hook: deny: {plan.reason}\n")
+            sys.stderr.write(f"oci-device-hook: deny: {clean(plan.reason)}\n")
             return 3
         if plan.changes:
             if state.pid is None:

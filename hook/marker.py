@@ -60,7 +60,7 @@ def verify(key: bytes | None, config: OciConfig) -> bool:
 def _safe_dir(directory: Path) -> bool:
     """Ours and writable by no one else: a key another user could replace proves nothing."""
     try:
-        st = os.stat(directory)
+        st = os.lstat(directory)  # a symlinked cache directory is never followed
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022

@@ -82,17 +82,75 @@ class OciConfig:
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
+MAX_DEPTH = 10_000  # Go's encoding/json (runc, crun's parsers are laxer still) stops here
+
+
 def load_json_object(data: bytes, source: str, limit: int) -> dict[str, Any]:
-    """Decode one JSON object, refusing oversize input before parsing it."""
+    """Decode one JSON object, refusing oversize input before parsing it.
+
+    Whatever runc accepts must decode here too, or a container that asks for nothing would be
+    refused: invalid UTF-8 (Go substitutes U+FFFD), an integer past Python's 4,300-digit limit
+    (kept as a float: only a field the hook reads can then be wrong, and it says which), nesting
+    deeper than Python's recursion limit (decoded on a thread with room for ``MAX_DEPTH``).
+    """
     if len(data) > limit:
         raise InputError(source, "", f"larger than {limit} bytes")
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(source, "", f"not valid JSON ({exc})") from exc
+    except (ValueError, RecursionError) as exc:
+        obj = _lenient(data, source, exc)
     if not isinstance(obj, dict):
         raise InputError(source, "", "expected a JSON object")
     return obj
+
+
+def _big_int(digits: str) -> int | float:
+    try:
+        return int(digits)
+    except ValueError:  # past sys.get_int_max_str_digits(): what Go's interface{} would hold
+        return float(digits)
+
+
+def _lenient(data: bytes, source: str, first: BaseException) -> Any:
+    """The second, Go-like attempt; the first error is the one reported if this fails too."""
+    text = data.decode("utf-8", "replace")
+    try:
+        return json.loads(text, parse_int=_big_int)
+    except RecursionError:
+        pass
+    except ValueError:
+        raise InputError(source, "", f"not valid JSON ({_short(first)})") from None
+    result: list[Any] = []
+
+    def run() -> None:
+        import sys
+
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(old + 2 * MAX_DEPTH + 100)
+        try:
+            result.append(json.loads(text, parse_int=_big_int))
+        except (ValueError, RecursionError) as exc:
+            result.append(exc)
+        finally:
+            sys.setrecursionlimit(old)
+
+    import threading
+
+    size = threading.stack_size(256 << 20)
+    try:
+        worker = threading.Thread(target=run, name="deep-json")
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(size)
+    if not result or isinstance(result[0], BaseException):
+        raise InputError(source, "", f"not valid JSON (nested deeper than {MAX_DEPTH} levels)")
+    return result[0]
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _str(obj: Mapping[str, Any], key: str, source: str, prefix: str = "", default: str | None = None) -> str:
@@ -120,6 +178,8 @@ def parse_state(data: bytes, source: str) -> OciState:
     bundle = obj.get("bundle", obj.get("bundlePath"))
     if not isinstance(bundle, str) or not bundle:
         raise InputError(source, "bundle", "missing" if bundle is None else "expected a non-empty string")
+    if "\x00" in bundle:
+        raise InputError(source, "bundle", "contains a NUL byte")
     pid = obj.get("pid")
     if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
         raise InputError(source, "pid", "expected a non-negative integer")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from hook.decide import Inputs, container_facts
+from hook.escape import clean
 from hook.plan import Plan
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
@@ -73,34 +74,38 @@ def _rule_text(r: dict[str, Any]) -> str:
 
 
 def render_text(report: dict[str, Any]) -> str:
+    """The report for a terminal: every string that came from the container is escaped (``clean``)."""
     c = report["container"]
     flags = [name for name in ("privileged", "sys_admin", "widened") if c[name]]
     lines = [
-        f"container {c['id'] or '(no id)'}" + (f" [{', '.join(flags)}]" if flags else ""),
+        f"container {clean(c['id']) or '(no id)'}" + (f" [{', '.join(flags)}]" if flags else ""),
         f"verdict:  {report['verdict']}",
-        f"why:      {report['reason']}",
+        f"why:      {clean(report['reason'])}",
     ]
     if report["requests"]:
         lines.append("asked for:")
         for r in report["requests"]:
             origin = "plugin" if r["from_plugin"] else "not a plugin"
-            lines.append(f"  {r['value']:<44} from {r['source']} ({origin})")
+            lines.append(f"  {clean(r['value']):<44} from {clean(r['source'])} ({origin})")
     k = report.get("kubernetes")
     if k:
         alloc = ", ".join(k["allocation"]) or "nothing"
         trust = " (trusted namespace)" if k["trusted_namespace"] else ""
+        pod = clean(f"{k['namespace'] or '?'}/{k['pod'] or k['pod_uid']}")
         lines.append(
-            f"kubernetes: pod {k['namespace'] or '?'}/{k['pod'] or k['pod_uid']}{trust} container "
-            f"{k['container']}; checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {alloc}"
+            f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
+            f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
         )
     if report["evidence"]:
-        lines.append(f"plugin allocation evidence: {', '.join(report['evidence'])}")
+        lines.append(f"plugin allocation evidence: {clean(', '.join(report['evidence']))}")
     if report["cgroup"]:
         lines.append("device cgroup rules to add:")
         lines += [f"  {_rule_text(r)}" for r in report["cgroup"]]
     for n in report["nodes"]["create"]:
-        lines.append(f"create    {n['path']} ({n['type']} {n['major']}:{n['minor']} mode {n['fileMode']:o})")
+        lines.append(
+            f"create    {clean(n['path'])} ({n['type']} {n['major']}:{n['minor']} mode {n['fileMode']:o})"
+        )
     for p in report["nodes"]["remove"]:
-        lines.append(f"remove    {p}")
-    lines += [f"warning:  {w}" for w in report["warnings"]]
+        lines.append(f"remove    {clean(p)}")
+    lines += [f"warning:  {clean(w)}" for w in report["warnings"]]
     return "\n".join(lines) + "\n"

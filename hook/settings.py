@@ -6,6 +6,7 @@ defaults. Settings come only from the host (``--config``), never from a containe
 
 from __future__ import annotations
 
+import stat as _stat
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 DEFAULT_PATH = Path("/etc/oci-device-hook/config.yaml")
+MAX_BYTES = 1 << 20
+FASTPATH_MAX = 256 << 10
 
 
 class Policy(StrEnum):
@@ -214,6 +217,26 @@ def parse_settings(obj: Any, source: str) -> Settings:
     return Settings(**values)
 
 
+def _read_file(path: Path) -> bytes:
+    """The settings file's bytes; never blocks on a FIFO, never reads a huge file."""
+    import os
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except ValueError:
+        raise InputError(str(path), "", "path contains a NUL byte") from None
+    try:
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode):
+            raise InputError(str(path), "", "not a regular file")
+        if st.st_size > MAX_BYTES:
+            raise InputError(str(path), "", f"larger than {MAX_BYTES} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 def load_settings(path: Path, *, required: bool = False) -> Settings:
     """Read and validate the settings file; a missing default file means defaults.
 
@@ -221,7 +244,7 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
     so a later container reads that JSON instead of importing yaml; a stale entry is ignored.
     """
     try:
-        data = path.read_bytes()
+        data = _read_file(path)
     except FileNotFoundError:
         if required:
             raise InputError(str(path), "", "no such file") from None
@@ -230,36 +253,62 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
         raise InputError(str(path), "", exc.strerror or str(exc)) from None
     compiled = _compiled(path)
     if compiled is not None:
-        return parse_settings(compiled, str(path))
+        return compiled
+    return parse_settings(parse_yaml(data, str(path)), str(path))
+
+
+def parse_yaml(data: bytes, source: str) -> Any:
+    """Decode a settings document; a duplicate key is an error (YAML would keep the last silently)."""
     import yaml  # only containers that reach the slow path pay for it
 
+    base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):  # type: ignore[misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[object] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise InputError(source, str(key), f"duplicate key (line {line})")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
     try:
-        obj = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.load(data, Loader=Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
-        raise InputError(str(path), where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    return parse_settings(obj, str(path))
+        raise InputError(source, where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
 
 
-def _identity(path: Path) -> list[object]:
+def _compiled(path: Path) -> Settings | None:
+    """The settings compiled from this very file (same path and identity), or None; a record
+    this hook cannot read back (planted, or another version's) is a miss like any other."""
     import os
 
-    st = os.stat(path)
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino]
+    from hook.entry import fastpath_record
 
-
-def _compiled(path: Path, target: Path | None = None) -> dict[str, object] | None:
-    """The settings document compiled from this very file (same identity), or None."""
-    import json
-
+    directory, name = os.path.split(str(FASTPATH_CACHE))
     try:
-        record = json.loads((target or FASTPATH_CACHE).read_bytes())
-        if record["key"] == _identity(path) and isinstance(record["settings"], dict):
-            return record["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    entry = fastpath_record(_cachefile().read(directory, name, FASTPATH_MAX), str(path), st)
+    if entry is None:
+        return None
+    try:
+        return parse_settings(entry["settings"], str(path))
+    except InputError:
+        return None
+
+
+def _cachefile() -> Any:
+    from hook import cachefile
+
+    return cachefile
 
 
 def _document(settings: Settings) -> dict[str, object]:
@@ -278,32 +327,45 @@ def _document(settings: Settings) -> dict[str, object]:
 
 
 FASTPATH_CACHE = Path("/run/oci-device-hook/fastpath.json")
+FASTPATH_ENTRIES = 16  # settings files remembered at once (engines, test runs); the oldest goes
 
 
-def remember_for_fast_path(path: Path, settings: Settings, target: Path | None = None) -> str | None:
-    """Compile what ``hook.entry``'s fast path needs from a custom settings file, keyed by its identity.
+def remember_for_fast_path(path: Path, settings: Settings) -> str | None:
+    """Compile what ``hook.entry``'s fast path needs from a custom settings file, keyed by its
+    path and identity; other files' entries stay (up to ``FASTPATH_ENTRIES``).
 
     Returns a warning text instead of raising: a missing cache only costs speed, never a decision.
     """
     import json
     import os
 
-    target = target or FASTPATH_CACHE
+    from hook.entry import FASTPATH_FORMAT, _loads, settings_identity
+
+    if _compiled(path) is not None:
+        return None  # already compiled from this very file: nothing to write
+    directory, name = os.path.split(str(FASTPATH_CACHE))
     try:
-        if _compiled(path, target) is not None:
-            return None  # already compiled from this very file: nothing to write
-        record = {
-            "key": _identity(path),
-            "cdi_annotation_prefixes": list(settings.cdi_annotation_prefixes),
-            "volume_mount_root": settings.volume_mount_root,
-            "settings": _document(settings),
-        }
-        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, target)
-    except OSError as exc:
-        return f"{target}: {exc.strerror or exc}"
-    return None
+        st = os.stat(path)
+    except (OSError, ValueError) as exc:
+        return f"{path}: {getattr(exc, 'strerror', None) or exc}"
+    cachefile = _cachefile()
+    files: dict[str, Any] = {}
+    old = cachefile.read(directory, name, FASTPATH_MAX)
+    try:
+        doc: Any = _loads(old) if old is not None else None
+        if cachefile.current(doc, "fastpath", FASTPATH_FORMAT) and isinstance(doc["files"], dict):
+            files = dict(doc["files"])
+    except Exception:  # an unreadable record is simply replaced
+        files = {}
+    key = os.path.abspath(path)
+    files.pop(key, None)
+    files[key] = {
+        "key": settings_identity(str(path), st),
+        "cdi_annotation_prefixes": list(settings.cdi_annotation_prefixes),
+        "volume_mount_root": settings.volume_mount_root,
+        "settings": _document(settings),
+    }
+    while len(files) > FASTPATH_ENTRIES:
+        files.pop(next(iter(files)))
+    record = {**cachefile.stamp("fastpath", FASTPATH_FORMAT), "files": files}
+    return cachefile.write(directory, name, json.dumps(record).encode())  # type: ignore[no-any-return]

@@ -41,7 +41,7 @@ HOOK_MODULES = {
     "hook.nvidia.model", "hook.nvidia.ids", "hook.nvidia.migminors", "hook.nvidia.nodes",
     "hook.nvidia.procfs", "hook.nvidia.snapshot", "hook.nvidia.inventory", "hook.nvidia.dri",
     "hook.apply", "hook.apply.transaction", "hook.apply.devnodes",
-    "hook.apply.locate", "hook.apply.cgroup_v1",
+    "hook.apply.locate", "hook.apply.cgroup_v1", "hook.cachefile", "hook.escape",
 }  # fmt: skip
 # Never on this path: heavy, or only for other paths (the first container's cache writes excepted).
 FORBIDDEN = {

@@ -1,24 +1,25 @@
 """The parsed-spec cache: each spec file is parsed once across hook runs.
 
 Rule: an entry is reused only while its file's ``(path, size, mtime_ns, inode)`` is unchanged.
-The cache is one file written atomically (temp file + ``os.replace``, mode 0600): a JSON header
-line (magic, format version, per-file key, kind, device names, error, body offset and CRC-32)
-followed by one JSON line per spec body, so a warm load reads and decodes only the header; a
-body is read (and its CRC checked) only for a spec a request touches. A cache that is corrupt or
-foreign (other magic or version, not owned by us, group/world writable) is ignored and rebuilt.
+The cache is one file written through ``hook.cachefile`` (its directory, open and write rules): a
+JSON header line (magic, format and hook version, per-file key, kind, device names, error, body
+offset and CRC-32) followed by one JSON line per spec body, so a warm load reads and decodes only
+the header; a body is read (and its CRC checked) only for a spec a request touches. A cache that
+is corrupt or foreign (other magic, format or hook version, not a regular file of ours, group or
+world writable, over ``MAX_BYTES``) is ignored and rebuilt.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import stat
 import zlib
 from pathlib import Path
 from typing import Any, Final
 
+from hook import cachefile
 from hook.record import record
+from hook.version import VERSION
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKey", "Entry", "Cache",
            "file_key", "read", "write"]
@@ -27,6 +28,7 @@ MAGIC: Final = "oci-device-hook/cdi-cache"
 FORMAT_VERSION: Final = 2  # 2: specs decoded the reference way (YAML for every file, Go conversions)
 CACHE_NAME: Final = "cdi-cache.json"
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
+MAX_BYTES: Final = 64 << 20
 
 FileKey = tuple[int, int, int]  # size, mtime_ns, inode
 
@@ -69,41 +71,37 @@ class Cache:
     def body(self, path: str) -> dict[str, Any] | None:
         """The raw spec body of ``path``; None if this cache cannot provide it (treat as a miss)."""
         item = self._files.get(path)
-        try:
+        fd = cachefile.open_private(str(self._path.parent), self._path.name, MAX_BYTES)
+        if fd is None:
+            return None
+        try:  # the file may have been replaced since the header was read: the CRC tells
             start, length, crc = item["body"]  # type: ignore[index]
-            with open(self._path, "rb") as fh:  # the file may have been replaced: the CRC tells
-                fh.seek(self._base + int(start))
-                chunk = fh.read(int(length))
+            chunk = os.pread(fd, int(length), self._base + int(start))
             if zlib.crc32(chunk) != crc:
                 return None
             value = json.loads(chunk)
-        except (TypeError, KeyError, ValueError, OSError):
+        except (TypeError, KeyError, ValueError, OSError, RecursionError):
             return None
+        finally:
+            os.close(fd)
         return value if isinstance(value, dict) else None
-
-
-def _trusted(st: os.stat_result) -> bool:
-    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def read(path: Path) -> Cache | None:
     """The cache at ``path``, or None when it is absent, corrupt, foreign or of another version."""
-    try:
-        with open(path, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not _trusted(st):
-                return None
-            line = fh.readline()  # bodies are read later, only those a request needs
-    except OSError:
+    fd = cachefile.open_private(str(path.parent), path.name, MAX_BYTES)
+    if fd is None:
         return None
     try:
+        with os.fdopen(fd, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            line = fh.readline(MAX_BYTES)  # bodies are read later, only those a request needs
         header = json.loads(line)
-    except ValueError:
+    except (OSError, ValueError, RecursionError):
         return None
     if not (line.endswith(b"\n") and isinstance(header, dict) and header.get("magic") == MAGIC
-            and header.get("version") == FORMAT_VERSION and isinstance(header.get("files"), dict)
-            and header.get("size") == st.st_size - len(line)):
+            and header.get("version") == FORMAT_VERSION and header.get("hook") == VERSION
+            and isinstance(header.get("files"), dict) and header.get("size") == size - len(line)):
         return None
     for item in header["files"].values():
         if not _well_formed(item):
@@ -140,21 +138,6 @@ def write(path: Path, entries: dict[str, Entry], bodies: dict[str, bytes]) -> bo
                          "body": [offset, len(body) - 1, zlib.crc32(bodies[source])]}
         chunks.append(body)
         offset += len(body)
-    header = {"magic": MAGIC, "version": FORMAT_VERSION, "size": offset, "files": files}
+    header = {"magic": MAGIC, "version": FORMAT_VERSION, "hook": VERSION, "size": offset, "files": files}
     data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(chunks)
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        import tempfile  # only a cache miss writes; a warm start never pays for it
-
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError:
-        return False
-    try:
-        with os.fdopen(fd, "wb") as fh:  # mkstemp creates the file with mode 0600
-            fh.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        return False
-    return True
+    return cachefile.write(str(path.parent), path.name, data) is None

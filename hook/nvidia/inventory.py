@@ -9,10 +9,10 @@ nodes always come from /proc of this boot, never from the cache.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import ModuleType
 
+from hook import cachefile
 from hook.errors import InputError
 from hook.nvidia import procfs
 from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
@@ -45,6 +45,8 @@ __all__ = [
 
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 CACHE_NAME: Final = "inventory.json"
+CACHE_FORMAT: Final = 1
+MAX_CACHE_BYTES: Final = 16 << 20
 
 
 @record
@@ -90,10 +92,14 @@ def _cached_minors(cache_dir: Path, key: list[object]) -> MigMinors | None:
     """The cached table for ``key``, or None on a miss or anything malformed (then /proc is read)."""
     from hook.nvidia.migminors import MigMinors
 
+    data = cachefile.read(str(cache_dir), MINORS_CACHE_NAME, MAX_CACHE_BYTES)
+    if data is None:
+        return None
     try:
-        data = json.loads((cache_dir / MINORS_CACHE_NAME).read_bytes())
-        by_name = data["by_name"] if data["key"] == key else None
-    except (OSError, ValueError, KeyError, TypeError):
+        doc = json.loads(data)
+        ok = cachefile.current(doc, "mig-minors", _MINORS_CACHE_VERSION)
+        by_name = doc["by_name"] if ok and doc["key"] == key else None
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
     if not isinstance(by_name, dict) or not all(
         isinstance(k, str) and type(v) is int for k, v in by_name.items()
@@ -113,7 +119,8 @@ def _mig_minors(
     minors = procfs.read_mig_minors(driver_root)
     note = ""
     if cache_dir is not None and key is not None and minors is not None and not minors.warnings:
-        payload = json.dumps({"key": key, "by_name": dict(minors.by_name)}).encode()
+        record = {**cachefile.stamp("mig-minors", _MINORS_CACHE_VERSION), "key": key}
+        payload = json.dumps({**record, "by_name": dict(minors.by_name)}).encode()
         note = _write_atomic(cache_dir, MINORS_CACHE_NAME, payload) or ""
     return minors, note
 
@@ -152,48 +159,35 @@ def cache_key(proc: _Proc) -> dict[str, Any] | None:
 
 
 def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, str | None]:
-    """The cached inventory if its key matches; a corrupt file is a miss plus a warning."""
+    """The cached inventory if its key matches; anything odd (see ``hook.cachefile``) is a miss.
+
+    A record of another format or hook version is a silent miss (it is rewritten); one of this
+    version that does not parse is a miss plus a warning.
+    """
     path = cache_dir / CACHE_NAME
-    try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    data = cachefile.read(str(cache_dir), CACHE_NAME, MAX_CACHE_BYTES)
+    if data is None:
         return None, None
-    except (OSError, ValueError) as exc:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
         return None, f"{path}: ignored unreadable cache: {exc}"
-    if not isinstance(data, dict) or data.get("key") != key:
+    if not cachefile.current(doc, "inventory", CACHE_FORMAT) or doc.get("key") != key:
         return None, None
     try:
-        return Inventory.from_json(data.get("inventory"), str(path)), None  # type: ignore[arg-type]
-    except InputError as exc:
+        return Inventory.from_json(doc.get("inventory"), str(path)), None
+    except (InputError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, f"ignored corrupt cache: {exc}"
 
 
 def write_cache(cache_dir: Path, key: dict[str, Any], inv: Inventory) -> str | None:
-    """Write atomically (temp file + fsync + rename); a failure is returned as a warning."""
-    payload = json.dumps({"key": key, "inventory": inv.to_json()}, sort_keys=True).encode()
-    return _write_atomic(cache_dir, CACHE_NAME, payload)
+    """Write through ``hook.cachefile`` (0700 dir, O_EXCL temp file, rename); a failure is a warning."""
+    record = {**cachefile.stamp("inventory", CACHE_FORMAT), "key": key, "inventory": inv.to_json()}
+    return _write_atomic(cache_dir, CACHE_NAME, json.dumps(record, sort_keys=True).encode())
 
 
 def _write_atomic(cache_dir: Path, name: str, payload: bytes) -> str | None:
-    tmp = None
-    try:
-        cache_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        import tempfile  # only a cache miss writes
-
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=cache_dir)
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, cache_dir / name)
-    except OSError as exc:
-        if tmp is not None:
-            try:  # noqa: SIM105 - contextlib would be one more import at start
-                os.unlink(tmp)
-            except OSError:
-                pass
-        return f"{cache_dir / name}: cache not written: {exc.strerror or exc}"
-    return None
+    return cachefile.write(str(cache_dir), name, payload)
 
 
 def _proc_migs(

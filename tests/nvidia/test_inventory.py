@@ -101,12 +101,35 @@ def test_cache_invalidation(fake_host, nvml_for, change) -> None:
     assert fake.init_calls == 2 and third.source == "cache"  # rewritten under the new key
 
 
-def test_corrupt_cache_is_reported(fake_host, nvml_for) -> None:
+def test_corrupt_cache_is_reported_and_rebuilt(fake_host, nvml_for) -> None:
     root, _ = fake_host("8x-mig")
-    CACHE.mkdir(parents=True)
+    CACHE.mkdir(parents=True, mode=0o700)
     (CACHE / "inventory.json").write_text("{not json")
-    inv = inventory.load(root, None, CACHE, need_migs=True, nvml_module=nvml_for("8x-mig"))
+    (CACHE / "inventory.json").chmod(0o600)
+    fake = nvml_for("8x-mig")
+    inv = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
     assert any("unreadable cache" in w for w in inv.warnings)
+    assert inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake).source == "cache"
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"kind": "inventory", "format": 1, "hook": "0.0.1-other"},
+        {"kind": "inventory", "format": 99},
+        {"kind": "fastpath", "format": 1},
+    ],
+    ids=["other-hook-version", "other-format", "another-files-content"],
+)
+def test_cache_of_another_version_is_a_silent_miss(fake_host, nvml_for, doc) -> None:
+    root, _ = fake_host("8x-mig")
+    fake = nvml_for("8x-mig")
+    inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
+    record = json.loads((CACHE / "inventory.json").read_text())
+    (CACHE / "inventory.json").write_text(json.dumps({**record, "hook": record["hook"], **doc, "extra": 1}))
+    inv = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
+    assert (inv.source, inv.warnings, fake.init_calls) == ("proc+nvml", (), 2)
+    assert inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake).source == "cache"
 
 
 def test_no_cache_dir_means_no_cache(fake_host, nvml_for) -> None:
