@@ -176,3 +176,12 @@ def test_missing_cgroup_is_an_apply_error(tmp_path: Path) -> None:
     with pytest.raises(ApplyError) as err:
         CgroupV2(tmp_path / "gone").apply(OURS)
     assert err.value.file == str(tmp_path / "gone")
+
+
+def test_a_file_where_the_cgroup_should_be_is_refused(tmp_path: Path) -> None:
+    """The cgroup is opened as a directory: a plain file (a wrong or raced path) fails right there."""
+    path = tmp_path / "not-a-cgroup"
+    path.write_text("")
+    with pytest.raises(ApplyError, match="Not a directory") as err:
+        CgroupV2(path).apply(OURS)
+    assert err.value.file == str(path)

@@ -234,3 +234,9 @@ def test_find_container_refuses_one_line_on_the_pid_field(
 def test_find_container_refuses_this_very_process() -> None:
     with pytest.raises(InputError, match="mount namespace"):
         find_container(os.getpid(), "", source="state")
+
+
+def test_mountinfo_octal_escapes_are_three_digits() -> None:
+    """``\\040`` is a space and ``\\134`` a backslash (proc(5)); both forms in one mount point."""
+    (m,) = parse_mountinfo("53 48 0:33 / /sys/fs/a\\040b\\134c rw - cgroup cgroup rw,devices\n", "mi")
+    assert m.mount_point == "/sys/fs/a b\\c"
