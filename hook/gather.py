@@ -120,7 +120,14 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
         return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs)
 
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the container's start
+            raise InputError(str(path), "", "not a regular file")
         data = read_limited(path, MAX_CHECKPOINT_BYTES, "kubelet checkpoint")
+    except FileNotFoundError:
+        return view("absent")
+    except OSError as exc:
+        warnings.append(f"{path}: {exc.strerror or exc}; using the other evidence")
+        return view("unreadable")
     except InputError as exc:
         if os.path.lexists(path):
             warnings.append(f"{exc}; using the other evidence")

@@ -215,10 +215,21 @@ def test_no_checkpoint_answer_never_stops_a_container_and_says_so(
     assert any(f"is {state} and nothing a plugin sets corroborates" in w for w in rep["warnings"])
 
 
-def test_unreadable_checkpoint_is_a_state_too(tmp_path: Path, node: dict[str, Path], capsys: Any) -> None:
-    (tmp_path / "dir-not-file").mkdir()
-    rep = run(tmp_path, node, pod_config(), capsys, kubelet_checkpoint=str(tmp_path / "dir-not-file"))
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_unreadable_checkpoint_is_a_state_too(
+    kind: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """Neither a directory nor a FIFO (whose read would block the container's start) is read."""
+    import os
+
+    odd = tmp_path / "not-a-file"
+    if kind == "directory":
+        odd.mkdir()
+    else:
+        os.mkfifo(odd)
+    rep = run(tmp_path, node, pod_config(), capsys, kubelet_checkpoint=str(odd))
     assert (rep["verdict"], rep["kubernetes"]["checkpoint_state"]) == ("none", "unreadable")
+    assert any(w.startswith(f"{odd}: ") for w in rep["warnings"])
 
 
 # --- allocated GPU 2 (index 2 = /dev/nvidia3), by each strategy -----------------------------------------

@@ -261,3 +261,25 @@ def test_kubelet_checkpoint_found_from_the_pod_annotations_alone(
     assert is_allow_list(rules_of(out))
     record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
     assert record["evidence"] == ["kubelet-checkpoint"]
+
+
+def test_grants_add_the_node_and_its_allow_rule_without_an_allow_list(node: dict[str, Any]) -> None:
+    """seed 001's device-plugin pod asks for the MIG monitor cap: nothing is narrowed, so the
+    config's own rules stay as they are and one allow rule plus one node are added."""
+    original = json.loads(example("device-plugin-seed001"))
+    res = precreate(node, example("device-plugin-seed001"))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rules = out["linux"]["resources"]["devices"]
+    assert (
+        rules[: len(original["linux"]["resources"]["devices"])] == original["linux"]["resources"]["devices"]
+    )
+    assert rules[len(original["linux"]["resources"]["devices"]) :] == [
+        {"allow": True, "type": "c", "major": CAPS_MAJOR, "minor": 2, "access": "r"}
+    ]
+    added = [d for d in out["linux"]["devices"] if d not in original["linux"]["devices"]]
+    assert added == [
+        {"path": "/dev/nvidia-caps/nvidia-cap2", "type": "c", "major": CAPS_MAJOR, "minor": 2,
+         "fileMode": 0o444, "uid": 0, "gid": 0}
+    ]  # fmt: skip
+    assert ANNOTATION in out["annotations"]

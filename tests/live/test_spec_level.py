@@ -133,16 +133,9 @@ def _hooks_dir(world: dict[str, Path]) -> Path:
     return hooks
 
 
-def _podman(world: dict[str, Path], hooks: Path, args: list[str], probes: list[str]) -> dict[str, str]:
-    base = world["base"]
-    podman = [
-        "podman", "--runtime", "runc", "--root", str(base / "storage"), "--runroot", str(base / "run"),
-        "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
-        "--hooks-dir", str(hooks), "run", "--rm", "--network", "none",
-        "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", *args,
-        "--rootfs", str(world["rootfs"]), *probe_args(probes),
-    ]  # fmt: skip
-    script = base / "in-namespace.sh"
+def _in_fake_dev(world: dict[str, Path], cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` in a private mount namespace whose /dev holds the fake GPUs (and a private /run)."""
+    script = world["base"] / "in-namespace.sh"
     script.write_text(
         textwrap.dedent(f"""\
         set -eu
@@ -159,10 +152,22 @@ def _podman(world: dict[str, Path], hooks: Path, args: list[str], probes: list[s
         exec "$@"
         """)
     )
-    proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", str(script), *podman],
-        capture_output=True, text=True, timeout=180,
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", str(script), *cmd],
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def _podman(world: dict[str, Path], hooks: Path, args: list[str], probes: list[str]) -> dict[str, str]:
+    base = world["base"]
+    podman = [
+        "podman", "--runtime", "runc", "--root", str(base / "storage"), "--runroot", str(base / "run"),
+        "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
+        "--hooks-dir", str(hooks), "run", "--rm", "--network", "none",
+        "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", *args,
+        "--rootfs", str(world["rootfs"]), *probe_args(probes),
+    ]  # fmt: skip
+    proc = _in_fake_dev(world, podman)
     assert proc.returncode == 0, f"podman exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return parse_probe(proc.stdout)
 
@@ -336,6 +341,27 @@ def test_containerd_wrapper_narrows_the_slice_pod(
     _clear(world)
     seen = _ctr_run(world, containerd, _privileged_bundle(tmp_path / "b", SLICE_ENV, SLICE_PROBES))
     assert seen == SLICE_EXPECTED
+    assert ANNOTATION in json.loads(_records(world)[1])["annotations"]
+
+
+def test_ctr_privileged_rootfs_slice_pod(world: dict[str, Path], containerd: dict[str, Any]) -> None:
+    """``ctr run --privileged --rootfs DIR --runc-binary <wrapper> ID CMD``: ctr builds the privileged
+    spec itself (allow-all, every node of its /dev: the fake GPUs), the wrapper narrows it."""
+
+    def ctr(*runtime: str) -> dict[str, str]:
+        cid = f"odh-{uuid.uuid4().hex[:10]}"
+        base = containerd["base"]
+        cmd = ["ctr", "--address", str(containerd["sock"]), "-n", containerd["ns"], "run", "--rm",
+               "--privileged", "--fifo-dir", str(base / "fifo"), "--runc-root", str(base / "runc"),
+               "--cgroup", f"/odh-live/{cid}", *(f"--env={e}" for e in SLICE_ENV), *runtime,
+               "--rootfs", str(world["rootfs"]), cid, *probe_args(SLICE_PROBES)]  # fmt: skip
+        proc = _in_fake_dev(world, cmd)
+        assert proc.returncode == 0, f"ctr exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return parse_probe(proc.stdout)
+
+    assert ctr()["/dev/nvidia0"] == "ENXIO"  # control: plain runc, every card reachable
+    _clear(world)
+    assert ctr("--runc-binary", str(world["libexec"] / "runtime")) == SLICE_EXPECTED
     assert ANNOTATION in json.loads(_records(world)[1])["annotations"]
 
 
