@@ -608,3 +608,35 @@ def test_doctor_containerd_states(tmp_path: Path) -> None:
     assert doctor.check_containerd(cfg).ok
     cfg.write_text("version = 1\n[plugins.cri]\n")
     assert "version 1 is not supported" in doctor.check_containerd(cfg).detail
+
+
+@needs_python
+def test_engine_restarts_only_when_asked(node: Node, tree: Path) -> None:
+    fake_bin = node.base / "bin"
+    fake_bin.mkdir()
+    calls = node.base / "systemctl.calls"
+    (fake_bin / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (fake_bin / "systemctl").chmod(0o755)
+    node.containerd.parent.mkdir()
+    node.containerd.write_text(GPU_OPERATOR_V2)
+    path = f"{fake_bin}:{os.environ['PATH']}"
+
+    def run(action: str, *extra: str) -> str:
+        cmd = [
+            str(tree / "usr/libexec/oci-device-hook/installer"),
+            action,
+            "--src",
+            str(tree),
+            *node.args(),
+            *extra,
+        ]
+        return _ok(subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"PATH": path}))
+
+    assert "restart containerd to take effect" in run("install")
+    assert not calls.exists()
+    assert "restarted containerd" not in run("install", "--restart-engine")  # nothing changed: no restart
+    assert not calls.exists()
+    assert "restarted containerd" in run("uninstall", "--restart-engine")
+    assert calls.read_text() == "restart containerd\n"
+    assert "restarted containerd" in run("install", "--restart-engine")
+    assert calls.read_text() == "restart containerd\n" * 2
