@@ -79,42 +79,42 @@ def _wider(type: DeviceType, major: int | None, minor: int | None) -> set[_Key]:
     return {(t, a, b) for t in (_ALL, type) for a in (None, major) for b in (None, minor)}
 
 
-def _overlap_index(entries: Sequence[ListEntry]) -> dict[tuple[object, ...], int]:
-    """OR of the access bits of the entries, by every projection a rule query can take.
+class _OverlapIndex:
+    """OR of the entries' access bits by each projection a rule query takes, built per projection
+    on first use (rules that name type, major and minor, the usual ones, need only one).
 
-    A key is (mask, type, major, minor): ``mask`` says which fields the querying rule names;
-    fields it leaves as a wildcard are ``...`` here, since any entry value overlaps them.
+    A key is (type, major, minor) with the fields the querying rule leaves as a wildcard set to
+    ``...``: any entry value overlaps them.
     """
-    index: dict[tuple[object, ...], int] = {}
-    for e in entries:
-        for mask in range(8):
-            key = (
-                mask,
-                e.type if mask & 1 else ...,
-                e.major if mask & 2 else ...,
-                e.minor if mask & 4 else ...,
-            )
-            index[key] = index.get(key, 0) | e.access.value
-    return index
 
+    def __init__(self, entries: Sequence[ListEntry]) -> None:
+        self.entries = entries
+        self.by_mask: dict[int, dict[tuple[object, ...], int]] = {}
 
-def _overlapping_bits(index: dict[tuple[object, ...], int], rule: Rule) -> int:
-    """OR of the access bits of every entry that overlaps some device the rule names."""
-    named = (rule.type != _ALL, rule.major is not None, rule.minor is not None)
-    mask = named[0] | named[1] << 1 | named[2] << 2
-    values = (rule.type, rule.major, rule.minor)
-    wild = (_ALL, None, None)
-    options: list[tuple[object, ...]] = [(values[p], wild[p]) if named[p] else (...,) for p in range(3)]
-    return _or_lookup(index, mask, options)
+    def table(self, mask: int) -> dict[tuple[object, ...], int]:
+        table = self.by_mask.get(mask)
+        if table is None:
+            table = {}
+            for e in self.entries:
+                t, a, b = e.type, e.major, e.minor
+                key = (t if mask & 1 else ..., a if mask & 2 else ..., b if mask & 4 else ...)
+                table[key] = table.get(key, 0) | e.access.value
+            self.by_mask[mask] = table
+        return table
 
-
-def _or_lookup(index: dict[tuple[object, ...], int], mask: int, options: list[tuple[object, ...]]) -> int:
-    bits = 0
-    for t in options[0]:
-        for a in options[1]:
-            for b in options[2]:
-                bits |= index.get((mask, t, a, b), 0)
-    return bits
+    def bits(self, rule: Rule) -> int:
+        """OR of the access bits of every entry that overlaps some device the rule names."""
+        named = (rule.type != _ALL, rule.major is not None, rule.minor is not None)
+        table = self.table(named[0] | named[1] << 1 | named[2] << 2)
+        types = (rule.type, _ALL) if named[0] else (...,)
+        majors = (rule.major, None) if named[1] else (...,)
+        minors = (rule.minor, None) if named[2] else (...,)
+        bits = 0
+        for t in types:
+            for a in majors:
+                for b in minors:
+                    bits |= table.get((t, a, b), 0)
+        return bits
 
 
 def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[str]:
@@ -134,7 +134,7 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[st
     exact: dict[_Key, list[int]] = {}
     for e in entries:
         exact.setdefault((e.type, e.major, e.minor), []).append(e.access.value)
-    overlap = _overlap_index(entries) if not allow_all else {}
+    overlap = _OverlapIndex(entries)
     later: dict[_Key, int] = {}  # bits named by rules after the current one, by exact key
     failed = []
     for rule in reversed(rules):
@@ -152,7 +152,7 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[st
         elif rule.allow:
             ok = any((bits & acc) == acc for k in wider for bits in exact.get(k, ()))
         else:
-            ok = not (_overlapping_bits(overlap, rule) & acc)
+            ok = not (overlap.bits(rule) & acc)
         if not ok:
             failed.append(("allow " if rule.allow else "deny ") + rule.v1_line())
     failed.reverse()
