@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hook.errors import InputError, UsageError
+from hook.escape import clean
 
 __all__ = ["parse_since", "read_records", "select", "render", "cmd_log"]
 
@@ -116,7 +117,8 @@ def _line(rec: dict[str, Any]) -> str:
     denied = rec.get("denied") or []
     tail = f" denied={','.join(map(str, denied))}" if denied else ""
     why = rec.get("reason") or rec.get("error") or ""
-    return f"{rec.get('time', '-')}  {rec.get('verdict', '?'):<5}  {who}  {cid}  {why}{tail}"
+    line = f"{rec.get('time', '-')}  {rec.get('verdict', '?'):<5}  {who}  {cid}  {why}{tail}"
+    return clean(line, 4096)  # pod names, ids and reasons are the containers' words: escaped, one line
 
 
 def render(records: list[dict[str, Any]], bad: int, fmt: str) -> str:

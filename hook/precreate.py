@@ -21,6 +21,7 @@ from typing import Any
 
 from hook.decide import Inputs, decide
 from hook.errors import HookError
+from hook.escape import clean
 from hook.gather import host_devices, inputs_for_config, resolved
 from hook.live import _remember, options_from
 from hook.marker import ANNOTATION, load_key, sign, verify
@@ -66,7 +67,7 @@ def _log(record: dict[str, Any], settings: Settings | None, config: OciConfig | 
     line = stamp(record, dict(config.annotations) if config is not None else {})
     problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
-        sys.stderr.write(f"oci-device-hook: warning: log: {problem}\n")
+        sys.stderr.write(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
 
 
 def _runtime_log(message: str) -> None:
@@ -126,7 +127,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
         report["stage"] = "precreate"
         if plan.verdict is Verdict.DENY:
             _log(report, settings, config)
-            sys.stderr.write(f"oci-device-hook: deny: {plan.reason}\n")
+            sys.stderr.write(f"oci-device-hook: deny: {clean(plan.reason)}\n")
             _runtime_log(f"oci-device-hook: deny: {plan.reason}")
             return 3, b""
         if not plan.changes:

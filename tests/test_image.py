@@ -9,7 +9,6 @@ The node paths the image writes are redirected to a temp dir with ``INSTALL_ARGS
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -22,7 +21,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_install import BUSYBOX, Node, _podman, _start_containerd, _stop
+from tests.test_install import (
+    BUSYBOX,
+    CGROUP_PARENT,
+    Node,
+    _podman,
+    _start_containerd,
+    _stop,
+    remove_scratch_cgroup,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP = f"/odh-image-{os.getpid()}"
@@ -49,14 +56,6 @@ def _podman_cmd(store: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _clean_cgroup(name: str) -> None:
-    for scratch in Path("/sys/fs/cgroup").glob(f"*/{name.strip('/')}"):
-        for d in [*sorted(scratch.rglob("*"), key=lambda p: len(p.parts), reverse=True), scratch]:
-            if d.is_dir():
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-
-
 @pytest.fixture(scope="module")
 def image() -> Iterator[tuple[Path, str]]:
     store = Path(tempfile.mkdtemp(prefix="odhi-", dir="/tmp"))  # podman: runroot under 50 characters
@@ -69,7 +68,8 @@ def image() -> Iterator[tuple[Path, str]]:
     finally:
         subprocess.run([*_podman_cmd(store), "rmi", "-a", "-f"], capture_output=True, timeout=300)
         shutil.rmtree(store, ignore_errors=True)
-        _clean_cgroup(CGROUP)
+        remove_scratch_cgroup(CGROUP)
+        remove_scratch_cgroup(CGROUP_PARENT)  # the podman run that checks the registration
 
 
 def _daemonset_run(

@@ -567,11 +567,22 @@ def test_podman_runs_the_installed_hook_and_not_after_uninstall(node: Node, tree
         _podman_case(node, tree, short)
     finally:
         shutil.rmtree(short, ignore_errors=True)
-        for scratch in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT.strip('/')}"):
+        remove_scratch_cgroup(CGROUP_PARENT)
+
+
+def remove_scratch_cgroup(name: str, wait: float = 10.0) -> None:
+    """Remove a scratch cgroup podman made (every controller), waiting for conmon to leave it."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = list(Path("/sys/fs/cgroup").glob(f"*/{name.strip('/')}"))
+        for scratch in left:
             for d in [*sorted(scratch.rglob("*"), key=lambda p: len(p.parts), reverse=True), scratch]:
                 if d.is_dir():
                     with contextlib.suppress(OSError):
                         d.rmdir()
+        if not any(p.exists() for p in left) or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 def _podman_case(node: Node, tree: Path, short: Path) -> None:

@@ -345,6 +345,19 @@ def test_corroborated_slice_still_bounds_a_runtimes_over_grant(
     assert denied(rep) == ALL_GPU_KEYS - {gpu_key(1)} | MIG_CAPS
 
 
+def test_mig_monitor_env_counts_when_the_gpu_allocation_carries_it(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    caps = sorted([*POD_CAPS, "CAP_SYS_ADMIN"])
+    envs = {"NVIDIA_VISIBLE_DEVICES": UUID2, "NVIDIA_MIG_MONITOR_DEVICES": "all"}
+    cfg = pod_config(cri_env=[f"{k}={v}" for k, v in envs.items()], caps=caps)
+    rep = run(tmp_path, node, cfg, capsys, ckpt=checkpoint([gpu_entry(alloc_resp(envs=envs))]))
+    assert ("c", CAPS_MAJOR, 2) in allowed(rep) and gpu_key(2) in allowed(rep)
+    other = {"NVIDIA_VISIBLE_DEVICES": UUID2}  # the allocation does not carry the MIG env: no cap
+    rep = run(tmp_path, node, cfg, capsys, ckpt=checkpoint([gpu_entry(alloc_resp(envs=other))]))
+    assert ("c", CAPS_MAJOR, 2) not in allowed(rep) and gpu_key(2) in allowed(rep)
+
+
 def test_mig_monitor_env_needs_the_kubelets_word_too(
     tmp_path: Path, node: dict[str, Path], capsys: Any
 ) -> None:

@@ -74,3 +74,18 @@ def test_error_line_says_each_part_once() -> None:
 def test_error_line_escapes_container_strings() -> None:
     line = str(InputError("config.json", "process.env.A\x1b[2J", "bad value 'x\ny\x00'"))
     assert line == "config.json: process.env.A\\x1b[2J: bad value 'x\\ny\\x00'"
+
+
+def test_hook_log_prints_container_strings_escaped(tmp_path: Path) -> None:
+    from hook.logread import render
+
+    record = {
+        "time": "2026-01-01T00:00:00.000Z",
+        "verdict": "deny",
+        "container": {"id": "c\x1b[2J"},
+        "reason": "NVIDIA_VISIBLE_DEVICES=x\r\nforged\x07",
+        "pod": {"namespace": "n", "name": "p\x1b]0;t"},
+    }
+    text = render([record], 0, "text")
+    assert text.count("\n") == 1 and not any(ch in text[:-1] for ch in "\x1b\r\n\x07"), text
+    assert "\\x1b[2J" in text and "\\r\\nforged\\x07" in text

@@ -108,7 +108,13 @@ def outcome(fn: Any, data: bytes) -> tuple[str, Any]:
 
 
 def check(data: bytes) -> None:
+    """Same value, or the same failure. A RecursionError on either side is the one exception:
+    where Python's stack runs out depends on how deep the caller already is (``_loads``'s
+    fallback calls ``json.loads`` one frame deeper), and any failure of ``_loads`` makes the
+    fast path fall through to the full path, which decodes deep input itself (``hook.oci``)."""
     want, got = outcome(json.loads, data), outcome(_loads, data)
+    if "RecursionError" in (want[0], got[0]) and "value" not in (want[0], got[0]):
+        return
     assert want[0] == got[0], (data[:200], want[0], got[0])
     assert same(want[1], got[1]), data[:200]
 

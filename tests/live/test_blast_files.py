@@ -59,7 +59,7 @@ PLANTS = {
     "fifo-record": MK + "os.mkfifo(R)",
     "dev-zero-record": MK + "os.symlink('/dev/zero', R)",
     "huge-sparse-record": MK + "f = open(R, 'wb'); f.truncate(8 << 30); f.close()",
-    "truncated-record": MK + "open(R, 'wb').write(b'{\"kind\": \"fastpath\", \"files\": {\"\\\\u00')",
+    "truncated-record": MK + 'open(R, \'wb\').write(b\'{"kind": "fastpath", "files": {"\\\\u00\')',
     "symlinked-dir": "os.makedirs('/run/elsewhere', 0o700); "
     "os.symlink('/run/elsewhere', '/run/oci-device-hook')",
     "group-writable-dir": "os.makedirs('/run/oci-device-hook'); os.chmod('/run/oci-device-hook', 0o777)",
@@ -72,11 +72,21 @@ def other_version_record(settings: Path) -> str:
     """A record a rolled-back hook left: current shape, another version, an extra settings key."""
     st = settings.stat()
     key = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-    entry = {"key": key, "cdi_annotation_prefixes": ["cdi.k8s.io/"], "volume_mount_root": "/x",
-             "settings": {"privileged_allocation": "narrow", "knob_from_v2": True}}
+    entry = {
+        "key": key,
+        "cdi_annotation_prefixes": ["cdi.k8s.io/"],
+        "volume_mount_root": "/x",
+        "settings": {"privileged_allocation": "narrow", "knob_from_v2": True},
+    }
     old_key = [str(settings), st.st_size, st.st_mtime_ns, st.st_ino]
-    docs = {"kind": "fastpath", "format": 2, "hook": "9.9.9", "files": {str(settings): entry},
-            "key": old_key, **{k: v for k, v in entry.items() if k != "key"}}
+    docs = {
+        "kind": "fastpath",
+        "format": 2,
+        "hook": "9.9.9",
+        "files": {str(settings): entry},
+        "key": old_key,
+        **{k: v for k, v in entry.items() if k != "key"},
+    }
     return (
         "os.makedirs('/run/oci-device-hook', 0o700); "
         f"open('/run/oci-device-hook/fastpath.json', 'w').write({json.dumps(docs)!r}); "
@@ -94,8 +104,19 @@ def setup(tmp_path: Path) -> dict[str, Path]:
 
 
 def bundles(s: dict[str, Path]) -> list[Bundle]:
-    args = [sys.executable, "-I", "-m", "hook", "prestart", "--config", str(s["settings"]),
-            "--driver-root", str(s["tmp"] / "driver-root"), "--cdi-spec-dir", str(s["tmp"] / "no-cdi")]
+    args = [
+        sys.executable,
+        "-I",
+        "-m",
+        "hook",
+        "prestart",
+        "--config",
+        str(s["settings"]),
+        "--driver-root",
+        str(s["tmp"] / "driver-root"),
+        "--cdi-spec-dir",
+        str(s["tmp"] / "no-cdi"),
+    ]
     hooks = {"prestart": [hook(sys.executable, args, timeout=HOOK_TIMEOUT)]}
     plain = build_bundle(s["tmp"] / "plain", ["/bin/true"], hooks=hooks)
     privileged = build_bundle(
@@ -104,14 +125,19 @@ def bundles(s: dict[str, Path]) -> list[Bundle]:
     return [plain, privileged]
 
 
-def run_case(s: dict[str, Path], plant: str) -> dict[str, object]:
+def run_case(s: dict[str, Path], plant: str, extension: bytes = b"") -> dict[str, object]:
     runs = []
     for b in bundles(s):
+        if extension:  # an unknown field runc ignores (#11 item 5), written as raw bytes
+            raw = (b.path / "config.json").read_bytes()
+            (b.path / "config.json").write_bytes(b'{"x-vendor-extension": ' + extension + b", " + raw[1:])
         root = str(b.path / "runc-state")
         runs.append([[RUNC, "--root", root, "run", "--bundle", str(b.path), b.id], root, b.id])
     proc = subprocess.run(
         ["unshare", "-m", "--propagation", "private", *PYTHON, DRIVER, plant, json.dumps(runs)],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
@@ -141,3 +167,18 @@ def test_cgroup_root_untouched() -> None:
     devices = Path("/sys/fs/cgroup/devices/devices.list")
     if devices.exists():
         assert devices.read_text().split() == ["a", "*:*", "rwm"]
+
+
+EXTENSIONS = {
+    "2000-deep": b"[" * 2000 + b"]" * 2000,
+    "5000-digit-integer": b"7" * 5000,
+    "invalid-utf8": b'"\xff\xfe \xc3"',
+}
+
+
+@pytest.mark.parametrize("name", list(EXTENSIONS))
+def test_configs_runc_accepts_start_without_a_device(setup: dict[str, Path], name: str) -> None:
+    """#11 item 5: runc runs these configs; the hook (fast path and full path) must let them run."""
+    seen = run_case(setup, "", EXTENSIONS[name])
+    for run in seen["runs"]:  # type: ignore[attr-defined]
+        assert run["rc"] == 0 and "Traceback" not in run["stderr"], (name, run["stderr"])
