@@ -169,3 +169,10 @@ def test_normalize_keeps_every_answer_and_is_a_fixed_point(rules: list[Rule]) ->
             assert evaluate(out, *probe, default_allow=default_allow) == evaluate(
                 rules, *probe, default_allow=default_allow
             ), (probe, default_allow)
+
+
+def test_access_text_is_rwm_in_that_order() -> None:
+    """v1 ``devices.allow``/``deny`` lines and the report spell access as r, w, m in this order."""
+    texts = [str(Access(n)) for n in range(8)]
+    assert texts == ["", "m", "r", "rm", "w", "wm", "rw", "rwm"]
+    assert all(Access.parse(t) == Access(n) for n, t in enumerate(texts))

@@ -347,3 +347,27 @@ def test_privileged_narrowed_pod_keeps_its_monitor_cap(host: Node, tmp_path: Pat
     assert (rc, rep["verdict"]) == (0, "apply"), rep["reason"]
     assert deny_keys(rep) == host.accelerators() - {host.gpu(3), host.cap(2)}
     assert f"/dev/nvidia-caps/nvidia-cap{host.cap(2)[2]}" not in rep["nodes"]["remove"]
+
+
+def test_unprivileged_widened_pod_is_denied_rw_on_the_extra_cards(
+    host: Node, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unprivileged plugin pod that also got other cards in linux.devices is narrowed with
+    ``rw`` denies: runc's default ``c *:* m`` keeps ``m`` on every char device in a v1 cgroup."""
+    mine, extra = host.spec.gpus[1], host.spec.gpus[4]
+    # card 4 is in linux.devices but has no rule of its own: no DeviceSpec, an over-grant
+    rules = [
+        {"allow": False, "access": "rwm"},
+        {"allow": True, "type": "c", "major": host.gpu(4)[1], "access": "rw"},
+    ]
+    cfg = config(
+        [f"NVIDIA_VISIBLE_DEVICES={mine.uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=1g"],
+        devices=[host.gpu_dev(1), host.gpu_dev(4)],
+        rules=rules,
+    )
+    rc, rep = host.decide(tmp_path, cfg, capsys)
+    assert (rc, rep["verdict"]) == (0, "apply"), rep["reason"]
+    denies = [r for r in rep["cgroup"] if not r["allow"]]
+    assert {("c", r["major"], r["minor"]) for r in denies} == host.accelerators() - {host.gpu(1)}
+    assert {r["access"] for r in denies} == {"rw"}
+    assert rep["nodes"]["remove"] == [f"/dev/nvidia{extra.minor}"]
