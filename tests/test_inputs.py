@@ -212,3 +212,17 @@ def test_simulation_of_odd_configs_is_never_a_traceback(tmp_path: Path) -> None:
     out = ["--output-config", str(tmp_path / "out.json")]
     res = subprocess.run([*base, *out], capture_output=True, text=True, timeout=60, check=False)
     assert "Traceback" not in res.stderr and len(res.stderr.splitlines()) <= 1, res.stderr
+
+
+def test_settings_path_that_is_a_fifo_never_hangs(tmp_path: Path) -> None:
+    import os
+    import time
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    res = run_hook(state(write_bundle(tmp_path / "plain", PLAIN)), fifo, tmp_path)
+    assert res.returncode == 0 and "not a regular file" in res.stderr.decode(), res.stderr
+    res = run_hook(state(write_bundle(tmp_path / "priv", PRIVILEGED)), fifo, tmp_path)
+    assert res.returncode == 1 and "not a regular file" in res.stderr.decode(), res.stderr
+    assert time.monotonic() - start < 30
