@@ -387,7 +387,7 @@ def table(rows: list[Row]) -> str:
     for r in rows:
         unit = "ms" if r.pair.a_ms >= 1 else "µs"
         scale = 1 if unit == "ms" else 1000
-        target = "—" if r.target is None else f"≤ {r.target:.1f}x"
+        target = "—" if r.target is None else f"≤ {r.target:g}x"
         result = "info" if r.passed is None else ("PASS" if r.passed else "**FAIL**")
         base, hook = f"{r.pair.a_ms * scale:.1f} {unit}", f"{r.pair.b_ms * scale:.1f} {unit}"
         ratio = f"{r.pair.ratio:.2f}x"
@@ -405,6 +405,13 @@ def report(b: Bench, started: str, loads: tuple[str, str], elapsed: float) -> st
                 "other work that is not stopped; pairing keeps each ratio fair, absolute times drift)")
     info.append(f"- date: {started}; {b.reps} paired repetitions per row (+2 warm-up; the scaling rows "
                 f"half as many, the parallel row a quarter); run took {elapsed:.0f} s")
+    floor = next((r for r in b.rows if r.label.startswith("(1f)")), None)
+    nodev = next((r for r in b.rows if r.label.startswith("(1) ")), None)
+    if floor is not None and nodev is not None and nodev.target and floor.pair.ratio > nodev.target:
+        b.notes.append("In this run the floor itself, a hook that only starts Python, took "
+                       f"{floor.pair.ratio:.2f}x bare runc, above the no-device target ({nodev.target:g}x): "
+                       "the machine's load (below) slows the CPU-bound Python start far more than "
+                       "runc's own work.")
     notes = "\n".join(f"- {n}" for n in b.notes)
     return PAGE.format(table=table(b.rows), rss="\n".join(rss), checks="\n".join(checks),
                        machine="\n".join(info), notes=notes or "- (none)")
