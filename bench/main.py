@@ -475,8 +475,9 @@ is the measured process; for (2) the wrapper is the prestart hook itself).
 
 `bench/hookproc.py` runs `hook.entry.main` in-process with the same inputs and reports
 `sys.modules` afterwards: `pynvml` must never appear on these paths (the inventory comes from the
-driver root's /proc files and the inventory cache). The linearity checks time the decision path
-in process (best of several runs) at two sizes.
+driver root's /proc files and the inventory cache). The linearity checks count the Python calls
+the decision path (and the v1 effect check) makes in process at two sizes: work, which the
+machine's load cannot blur; their times are shown beside.
 
 ## Machine
 
