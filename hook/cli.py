@@ -313,3 +313,8 @@ def run(argv: list[str]) -> int:
     except HookError as exc:
         sys.stderr.write(f"hook: {exc}\n")
         return exc.exit_code
+    except Exception as exc:  # one escaped line, never a traceback (a container's config may be anything)
+        from hook.escape import clean
+
+        sys.stderr.write(f"hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
+        return 1

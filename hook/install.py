@@ -202,21 +202,21 @@ def _prune(node: Node, keep: int, history: list[str]) -> list[str]:
     return sorted(p.name for p in versions.iterdir() if not p.name.startswith("."))
 
 
-def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) -> bool:
+def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) -> str:
     """The ConfigMap's settings replace the node's when they differ (checked first by the new
     version's own parser); with none given, the packaged template is placed only where none is."""
     target = node.path(node.opts.etc) / "config.yaml"
     if settings is None:
         if not target.exists():
             _atomic_write(target, (src / "etc/oci-device-hook/config.yaml").read_bytes())
-            return True
-        return False
+            return f"default settings placed in {node.opts.etc}/config.yaml"
+        return ""
     try:
         data = settings.read_bytes()
     except OSError as exc:
         raise InstallError(str(settings), "", f"cannot read: {exc.strerror or exc}") from None
     if target.exists() and target.read_bytes() == data:
-        return False
+        return ""
     node_copy = f"{node.opts.state_dir}/.settings-check.yaml"
     _atomic_write(node.path(node_copy), data, 0o600)
     lib = f"{node.opts.libexec}/versions/{version}/lib"
@@ -232,7 +232,7 @@ def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) 
         why = proc.stderr.strip().replace(node_copy, str(settings))
         raise InstallError(str(settings), "", f"settings not applied: {why.splitlines()[-1] if why else '?'}")
     _atomic_write(target, data)
-    return True
+    return f"settings from {settings} applied"
 
 
 def _hooks_doc(node: Node, src: Path, stage: str) -> dict[str, Any]:
@@ -377,7 +377,7 @@ def install(node: Node) -> int:
     if changed and opts.restart_engine:
         _restart(node, "containerd")
     where = f"hooks.d ({', '.join(rec['hooks_files'])})" + (", containerd" if "containerd" in rec else "")
-    note = "; settings applied" if settings_changed else ""
+    note = f"; {settings_changed}" if settings_changed else ""
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
     return 0
@@ -388,8 +388,9 @@ def apply_settings(node: Node) -> int:
     rec = _read_record(node)
     if not rec.get("version") or not node.opts.settings:
         raise InstallError(node.opts.state_dir, "version", "not installed, or no --settings given")
-    if _apply_settings(node, rec["version"], Path(node.opts.settings), Path(node.opts.src)):
-        _say(f"settings from {node.opts.settings} applied")
+    done = _apply_settings(node, rec["version"], Path(node.opts.settings), Path(node.opts.src))
+    if done:
+        _say(done)
     return 0
 
 

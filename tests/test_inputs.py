@@ -191,3 +191,38 @@ def test_settings_check_command(tmp_path: Path, text: str, rc: int) -> None:
     assert res.returncode == rc, res
     out = (res.stdout + res.stderr).strip().splitlines()
     assert len(out) == 1 and str(path) in out[0], out
+
+
+def test_simulation_of_odd_configs_is_never_a_traceback(tmp_path: Path) -> None:
+    """``hook --bundle`` on what runc accepts: a report, or (writing a 2,000-deep config back) one line."""
+    bundle = write_bundle(tmp_path / "b", ODD["deep-extension"](PRIVILEGED))
+    base = [
+        sys.executable,
+        "-I",
+        "-m",
+        "hook",
+        "--bundle",
+        str(bundle),
+        "--config",
+        str(tmp_path / "none.yaml"),
+    ]
+    (tmp_path / "none.yaml").write_text("# defaults\n")
+    res = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    out = ["--output-config", str(tmp_path / "out.json")]
+    res = subprocess.run([*base, *out], capture_output=True, text=True, timeout=60, check=False)
+    assert "Traceback" not in res.stderr and len(res.stderr.splitlines()) <= 1, res.stderr
+
+
+def test_settings_path_that_is_a_fifo_never_hangs(tmp_path: Path) -> None:
+    import os
+    import time
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    res = run_hook(state(write_bundle(tmp_path / "plain", PLAIN)), fifo, tmp_path)
+    assert res.returncode == 0 and "not a regular file" in res.stderr.decode(), res.stderr
+    res = run_hook(state(write_bundle(tmp_path / "priv", PRIVILEGED)), fifo, tmp_path)
+    assert res.returncode == 1 and "not a regular file" in res.stderr.decode(), res.stderr
+    assert time.monotonic() - start < 30
