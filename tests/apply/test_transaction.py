@@ -220,3 +220,21 @@ def test_locate_failure_line_names_the_file_once(tmp_path: Path) -> None:
     with pytest.raises(ApplyError) as info:
         apply_plan(PLAN, 4242, proc=tmp_path)
     assert str(info.value).count(str(tmp_path / "4242" / "cgroup")) == 1
+
+
+def test_an_os_error_is_reported_by_its_file_and_strerror(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-line error names the file and says what went wrong, without Python's ``[Errno N]``."""
+
+    def boom(*_args: object, **_kw: object) -> None:
+        raise OSError(errno.ENOENT, "No such file or directory", "/proc/42/ns/mnt")
+
+    monkeypatch.setattr(devnodes, "apply", boom)
+    plan = Plan(verdict=Verdict.APPLY, reason="test", create=(CAP2,))
+    target = transaction.locate.CgroupTarget(version=1, path=Path("/nonexistent"))
+    with pytest.raises(ApplyError) as info:
+        apply_plan(plan, 42, target=target)
+    assert (info.value.file, info.value.field, info.value.reason) == (
+        "/proc/42/ns/mnt",
+        "device nodes",
+        "No such file or directory",
+    )

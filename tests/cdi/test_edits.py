@@ -430,3 +430,27 @@ def test_to_nodes_needs_filled_nodes() -> None:
     with pytest.raises(InputError) as info:
         to_nodes_and_rules(ContainerEdits(device_nodes=(unfilled,)))
     assert (info.value.file, info.value.field) == ("s.json", "devices[0].containerEdits.deviceNodes[0].type")
+
+
+def test_to_json_keeps_mounts_in_cdi_shape() -> None:
+    from hook.cdi.edits import ContainerEdits, Mount
+
+    edits = ContainerEdits(
+        mounts=(Mount(host_path="/h/lib", container_path="/c/lib", options=("ro",), type="bind"),)
+    )
+    assert edits.to_json() == {
+        "mounts": [{"hostPath": "/h/lib", "containerPath": "/c/lib", "options": ["ro"], "type": "bind"}]
+    }
+
+
+@pytest.mark.parametrize("missing", ["type", "major", "minor"])
+def test_node_without_numbers_is_an_input_error(missing: str) -> None:
+    """Unfilled nodes never reach a plan: any one of type, major or minor missing is refused."""
+    from hook.cdi.edits import CdiDeviceNode, ContainerEdits, to_nodes_and_rules
+
+    full = {"type": "c", "major": 195, "minor": 0}
+    node = CdiDeviceNode(
+        path="/dev/nvidia0", **{**full, missing: None}, source="spec.yaml", field="deviceNodes[0]"
+    )
+    with pytest.raises(InputError, match="has no type/major/minor"):
+        to_nodes_and_rules(ContainerEdits(device_nodes=(node,)))

@@ -43,3 +43,12 @@ def test_bad_format() -> None:
     with pytest.raises(UsageError) as info:
         cmd_inventory(None, None, None, "yaml")  # type: ignore[arg-type]
     assert (info.value.file, info.value.field) == ("--format", "yaml")
+
+
+def test_text_of_a_host_without_gpus_says_so() -> None:
+    from hook.nvidia.commands import render_text
+    from hook.nvidia.model import Inventory
+
+    assert render_text(Inventory(driver_version="550.54.15")).splitlines()[-1] == "no NVIDIA GPUs"
+    one = render_text(Inventory(driver_version="550.54.15", warnings=("w1",)))
+    assert one.splitlines()[-2:] == ["no NVIDIA GPUs", "warning: w1"]
