@@ -185,3 +185,14 @@ def test_a_file_where_the_cgroup_should_be_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ApplyError, match="Not a directory") as err:
         CgroupV2(path).apply(OURS)
     assert err.value.file == str(path)
+
+
+def test_close_releases_every_descriptor_and_may_repeat(scratch_cgroup: Path) -> None:
+    """The hook holds the cgroup and program fds only while it works; close() gives back all."""
+    before = sorted(os.listdir("/proc/self/fd"))
+    cg = CgroupV2(scratch_cgroup)
+    cg.apply(OURS)
+    assert len(os.listdir("/proc/self/fd")) > len(before)
+    cg.close()
+    cg.close()
+    assert sorted(os.listdir("/proc/self/fd")) == before
