@@ -17,7 +17,7 @@ import os
 import stat
 import time
 
-from hook.entry import read_private
+from hook.entry import open_private, read_private
 from hook.version import VERSION
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
@@ -50,27 +50,6 @@ def read(directory: str, name: str, limit: int) -> bytes | None:
     return read_private(directory, name, limit)
 
 
-def open_private(directory: str, name: str, limit: int) -> int | None:
-    """An fd on the file under the same checks as ``read``, for callers that read only a part."""
-    try:
-        dfd = _open_dir(directory, create=False)
-    except OSError:
-        return None
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(dfd)
-    try:
-        if _trusted_file(os.fstat(fd), limit):
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
-
-
 def write(directory: str, name: str, data: bytes) -> str | None:
     """Replace ``directory/name`` with ``data`` atomically; a warning text when it cannot."""
     try:
@@ -98,15 +77,6 @@ def write(directory: str, name: str, data: bytes) -> str | None:
     finally:
         os.close(dfd)
     return None
-
-
-def _trusted_file(st: os.stat_result, limit: int) -> bool:
-    return (
-        stat.S_ISREG(st.st_mode)
-        and st.st_uid == os.geteuid()
-        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        and st.st_size <= limit
-    )
 
 
 class _Untrusted(OSError):

@@ -197,8 +197,8 @@ def _read_fd(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_private(directory: str, name: str, limit: int) -> bytes | None:
-    """The bytes of ``directory/name`` if both are the hook's own, else None (a cache miss).
+def open_private(directory: str, name: str, limit: int) -> int | None:
+    """An fd on ``directory/name`` if both are the hook's own, else None (a cache miss).
 
     The rule for every file under the cache directory (``hook.cachefile`` writes them; the fast
     path reads here, with ``os`` only): the directory is not a symlink, is owned by this user
@@ -221,10 +221,24 @@ def read_private(directory: str, name: str, limit: int) -> bytes | None:
         os.close(dfd)
     try:
         st = os.fstat(fd)
-        if not _regular(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > limit:
-            return None
-        data = _read_fd(fd, st.st_size + 1)
-        return data if len(data) == st.st_size else None  # changed while read: a miss
+        ours = st.st_uid == os.geteuid() and not st.st_mode & 0o022
+        if _regular(st.st_mode) and ours and st.st_size <= limit:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def read_private(directory: str, name: str, limit: int) -> bytes | None:
+    """The bytes of ``directory/name`` under ``open_private``'s rule, else None (a cache miss)."""
+    fd = open_private(directory, name, limit)
+    if fd is None:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        data = _read_fd(fd, size + 1)
+        return data if len(data) == size else None  # changed while read: a miss
     except OSError:
         return None
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT_DEVICES_LIST = Path("/sys/fs/cgroup/devices/devices.list")
+HOST_CACHE_DIR = Path("/run/oci-device-hook")  # the hook's default cache dir on this machine
 
 
 def _root_devices_list() -> str | None:
@@ -49,3 +50,32 @@ def host_untouched() -> Iterator[None]:
     now = _host_dev_nvidia()
     added, removed = sorted(now - nodes), sorted(nodes - now)
     assert now == nodes, f"the suite changed the host's /dev: added {added}, removed {removed}"
+
+
+def _host_cache() -> dict[str, tuple[int, int]] | None:
+    """The host's cache dir as names -> (mtime, size), None when absent."""
+    try:
+        return {p.name: (p.lstat().st_mtime_ns, p.lstat().st_size) for p in HOST_CACHE_DIR.iterdir()}
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return {}
+
+
+@pytest.fixture(autouse=True)
+def host_cache_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every hook run of a test has a private /run (or its own cache dir): the host's is never written.
+
+    Checked per test, so the one that wrote it is named (a run of the hook by hand on this machine
+    at the same moment would also show up here).
+    """
+    if request.node.get_closest_marker("installs_package"):
+        yield  # the real package's own dir: that test purges it and checks it is gone
+        return
+    before = _host_cache()
+    yield
+    after = _host_cache()
+    assert after == before, (
+        f"{request.node.nodeid} wrote the host's {HOST_CACHE_DIR}: {before!r} -> {after!r} "
+        "(run the hook in a private /run: tests.bundles.PRIVATE_RUN)"
+    )

@@ -15,6 +15,7 @@ import pytest
 from tests.bundles import (
     NODE_CDI,
     NODE_INVENTORY,
+    PRIVATE_RUN,
     config,
     hook_cli,
     hook_live,
@@ -243,6 +244,7 @@ def test_live_error_never_applies(name: str, tmp_path: Path) -> None:
     )
     res = subprocess.run(
         [
+            *PRIVATE_RUN,
             sys.executable,
             "-I",
             "-c",

@@ -55,7 +55,7 @@ def _installed_on_host() -> bool:
     return subprocess.run(["dpkg", "-s", PKG], capture_output=True).returncode == 0
 
 
-pytestmark = pytest.mark.skipif(bool(_missing()), reason=_missing() or "ok")
+pytestmark = [pytest.mark.skipif(bool(_missing()), reason=_missing() or "ok"), pytest.mark.installs_package]
 
 
 def _sh(*cmd: str, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
