@@ -20,6 +20,7 @@ __all__ = [
     "HOOK_PATH",
     "HOOKS_FILE",
     "Check",
+    "check_base_spec",
     "check_cdi",
     "check_cgroup",
     "check_driver",
@@ -286,6 +287,46 @@ def check_containerd(config: Path, libexec: str = LIBEXEC) -> Check:
     return Check("containerd", True, f"{config} (version {version}): {listed} run the wrapper (spec level)")
 
 
+def _base_spec_check(handler: str, field: str, spec_file: str, libexec: str) -> Check:
+    from hook.engines import base_spec_hooks, runs_after_nvidia
+
+    name = f"containerd base spec ({handler})"
+    where = f"{spec_file} (from {field})"
+    try:
+        spec = json.loads(Path(spec_file).read_text())
+    except (OSError, ValueError) as exc:
+        return Check(name, False, f"{where}: not readable JSON ({exc})", f"fix or remove {field}")
+    if not isinstance(spec, dict):
+        return Check(name, False, f"{where}: not a JSON object", f"fix or remove {field}")
+    found = base_spec_hooks(spec, [HOOK_PATH, f"{libexec}/hook"])
+    ours = ", ".join(f"{s} #{i}" for s, h in found.items() for i in h.ours) or "not registered"
+    nvidia = "NVIDIA's hook present" if any(h.nvidia for h in found.values()) else "no NVIDIA hook"
+    detail = f"{where}: ours {ours}; {nvidia}"
+    after = runs_after_nvidia(found)
+    if after is False:
+        fix = f"in {spec_file}, move the {libexec}/hook entry after NVIDIA's (prestart runs first)"
+        return Check(name, False, f"{detail}; ours runs before NVIDIA's", fix)
+    return Check(name, True, f"{detail}{'; ours runs after it' if after else ''}")
+
+
+def check_base_spec(config: Path, libexec: str = LIBEXEC) -> list[Check]:
+    """containerd: for each runtime handler with a ``base_runtime_spec``, whether that OCI spec
+    registers our hook, and whether it runs after NVIDIA's hook (runc runs prestart, then
+    createRuntime, each in array order); ``[]`` when no handler names a base spec."""
+    from hook.engines import cri_plugin, handlers
+
+    try:
+        version, found = handlers(config.read_text(), str(config))
+    except Exception:  # check_containerd reports an unreadable config already
+        return []
+    prefix = f'plugins."{cri_plugin(version)}".containerd.runtimes'
+    return [
+        _base_spec_check(h.name, f"{config}: {prefix}.{h.name}.base_runtime_spec", h.base_spec, libexec)
+        for h in found
+        if h.base_spec
+    ]
+
+
 def check_settings(settings_file: Path) -> Check:
     """The settings file is valid YAML with known keys (a missing file means defaults)."""
     try:
@@ -339,11 +380,8 @@ def run_doctor(
 
     hooks.d (CRI-O, podman) and containerd are checked each; a node needs one of them, so the
     one that is not registered fails only when the other is not registered either."""
-    engines = [
-        check_hooks(hooks_dirs),
-        check_hooks_order(hooks_dirs),
-        check_containerd(containerd_config or CONTAINERD_CONFIG),
-    ]
+    config = containerd_config or CONTAINERD_CONFIG
+    engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs), check_containerd(config)]
     containerd = engines[2]
     if not engines[0].ok and containerd.ok and "absent" not in containerd.detail:
         engines[0] = Check(engines[0].name, True, f"not used: {engines[0].detail} (containerd is registered)")
@@ -352,6 +390,7 @@ def run_doctor(
         check_cdi(spec_dirs),
         check_cgroup(mounts_file),
         *engines,
+        *check_base_spec(config),
         check_settings(settings_file),
         check_kubelet(settings_file, host_root),
     ]

@@ -39,6 +39,9 @@ __all__ = [
     "unregister_containerd",
     "hooks_file_name",
     "hooks_order",
+    "StageHooks",
+    "base_spec_hooks",
+    "runs_after_nvidia",
 ]
 
 RUNC_TYPES = frozenset({"io.containerd.runc.v2", "io.containerd.runc.v1", "io.containerd.runtime.v1.linux"})
@@ -84,6 +87,7 @@ class Handler:
     runtime_type: str
     binary: str
     default: bool
+    base_spec: str = ""  # the handler's base_runtime_spec file ("" = containerd's built-in spec)
 
 
 def parse(text: str, source: str) -> dict[str, Any]:
@@ -106,12 +110,14 @@ def handlers(text: str, source: str) -> tuple[int, list[Handler]]:
         if not isinstance(body, Mapping):
             continue
         binary = _get(body, ["options", "BinaryName"])
+        base = body.get("base_runtime_spec")
         out.append(
             Handler(
                 name,
                 str(body.get("runtime_type", "")),
                 binary if isinstance(binary, str) else "",
                 name == default,
+                base if isinstance(base, str) else "",
             )
         )
     return version, out
@@ -377,3 +383,66 @@ def hooks_order(files: Mapping[str, Mapping[str, Any]], hook_paths: Sequence[str
         for stage in doc.get("stages") or ():
             order.setdefault(str(stage), []).append(name)
     return order
+
+
+# --- OCI base runtime spec (containerd's base_runtime_spec) ------------------------------------------
+
+# The stages our hook and NVIDIA's device hook run in, in the order runc runs them at create
+# (each stage's entries in array order). Later stages (createContainer: nvidia-ctk's ldcache and
+# symlink hooks) create no device nodes, so their order against ours does not matter.
+SPEC_HOOK_STAGES = ("prestart", "createRuntime")
+
+
+@record(kw_only=False)
+class StageHooks:
+    """Indexes, in one stage's hook array, of our hook's entries and of NVIDIA's."""
+
+    ours: tuple[int, ...]
+    nvidia: tuple[int, ...]
+
+
+def _is_nvidia_hook(entry: Mapping[str, Any]) -> bool:
+    """NVIDIA's hooks as its toolkit writes them: the legacy runtime hook binary, the toolkit's
+    symlink to it, or an ``nvidia-ctk hook <name>`` (CDI-generated) entry."""
+    path = entry.get("path")
+    base = path.rsplit("/", 1)[-1] if isinstance(path, str) else ""
+    if base in ("nvidia-container-runtime-hook", "nvidia-container-toolkit"):
+        return True
+    args = entry.get("args")
+    return base == "nvidia-ctk" and isinstance(args, list) and "hook" in args[1:]
+
+
+def base_spec_hooks(spec: Mapping[str, Any], hook_paths: Sequence[str]) -> dict[str, StageHooks]:
+    """Stage → where our hook (``hook_paths``) and NVIDIA's sit in a base spec's ``hooks``.
+
+    Only stages holding either are listed; malformed entries are skipped but keep their index.
+    """
+    hooks = spec.get("hooks") if isinstance(spec, Mapping) else None
+    out: dict[str, StageHooks] = {}
+    if not isinstance(hooks, Mapping):
+        return out
+    for stage in SPEC_HOOK_STAGES:
+        entries = hooks.get(stage)
+        if not isinstance(entries, list):
+            continue
+        ours, nvidia = [], []
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, Mapping):
+                continue
+            if entry.get("path") in hook_paths:
+                ours.append(i)
+            elif _is_nvidia_hook(entry):
+                nvidia.append(i)
+        if ours or nvidia:
+            out[stage] = StageHooks(tuple(ours), tuple(nvidia))
+    return out
+
+
+def runs_after_nvidia(found: Mapping[str, StageHooks]) -> bool | None:
+    """Whether every entry of ours runs after every NVIDIA entry (stage order, then array order);
+    ``None`` when the spec lacks one of the two, so there is no order to judge."""
+    ours = [(SPEC_HOOK_STAGES.index(s), i) for s, h in found.items() for i in h.ours]
+    theirs = [(SPEC_HOOK_STAGES.index(s), i) for s, h in found.items() for i in h.nvidia]
+    if not ours or not theirs:
+        return None
+    return min(ours) > max(theirs)
