@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import hook.entry
 from hook.entry import needs_decision
 from tests.bundles import PRIVATE_RUN, config, gen, state, write_bundle
 
@@ -111,3 +112,29 @@ def _c(**kw: object) -> dict[str, object]:
 )
 def test_needs_decision(cfg: dict[str, object], annotations: dict[str, str], needed: bool) -> None:
     assert needs_decision(cfg, annotations) is needed
+
+
+def test_state_over_1_mib_takes_the_full_path(tmp_path: Path) -> None:
+    """The fast path reads at most 1 MiB of state; a larger one (valid JSON, padded) is the full
+    path's to judge, which reports it with the file and the field."""
+    bundle = write_bundle(tmp_path / "b", config())
+    opts = {"--config": [str(tmp_path / "absent.yaml")]}
+    small = state(bundle)
+    at_limit = small + b" " * ((1 << 20) - len(small))
+    assert hook.entry._fast_path(opts, small)
+    assert hook.entry._fast_path(opts, at_limit)
+    assert not hook.entry._fast_path(opts, at_limit + b" ")
+
+
+def test_config_without_its_value_is_the_clis_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert hook.entry._split(["--config"]) is None
+    assert hook.entry.main(["--config"]) == 2
+    assert "Option '--config' requires an argument" in capsys.readouterr().err
+
+
+def test_python_m_hook_entry_runs_the_hook() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "hook.entry", "--version"], capture_output=True, timeout=60, check=False
+    )
+    assert (res.returncode, res.stderr) == (0, b"")
+    assert res.stdout.startswith(b"hook (oci-device-hook) ")

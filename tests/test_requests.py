@@ -302,6 +302,15 @@ def test_checkpoint_requests_come_first_and_env_is_ignored() -> None:
     assert reqs.evidence == ("kubelet-checkpoint",)
 
 
+def test_env_refused_by_the_kubelet_is_named_for_the_deny_reason() -> None:
+    """No allocation in the checkpoint: the env is no request, and ``ignored_env`` names it (the
+    "no device requested: ... is no request here" reason is built from it)."""
+    reqs = collect_from(config(["NVIDIA_VISIBLE_DEVICES=all"], annotations=POD_ANNOTATIONS), entries=[])
+    assert items(reqs) == []
+    assert reqs.ignored_env == ("NVIDIA_VISIBLE_DEVICES=all",)
+    assert "the kubelet allocated no GPU" in reqs.warnings[0]
+
+
 def test_checkpoint_device_ids_fallback_for_nvidia_resources() -> None:
     reqs = collect_from(
         config(annotations=POD_ANNOTATIONS),

@@ -196,3 +196,19 @@ def test_close_releases_every_descriptor_and_may_repeat(scratch_cgroup: Path) ->
     cg.close()
     cg.close()
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_second_close_leaves_reused_descriptor_numbers_alone(scratch_cgroup: Path) -> None:
+    """After close() the numbers are free and the process reuses them: close() again must not
+    close what now lives there."""
+    cg = CgroupV2(scratch_cgroup)
+    cg.apply(OURS)
+    cg.close()
+    fds = [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC) for _ in range(16)]
+    try:
+        cg.close()
+        for fd in fds:
+            os.fstat(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -4,10 +4,13 @@ that exists only in that namespace; hostile rootfs layouts must leave the host u
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -292,3 +295,62 @@ def test_mknod_failure_names_the_node_and_the_operation(
         devnodes.apply(pid, [CAP2], [], rootfs=str(root))
     assert str(info.value) == f"{CAP2.path}: mknod: No space left on device"
     assert not in_ns(pid, root, "/dev/nvidia-caps").exists()  # the parent directory was undone
+
+
+class _Openat2Fails:
+    """``_libc`` whose ``openat2`` fails with one errno (seccomp's EPERM, an old kernel's ENOSYS...)."""
+
+    def __init__(self, err: int) -> None:
+        self.err = err
+
+    def syscall(self, *args: object) -> int:
+        ctypes.set_errno(self.err)
+        return -1
+
+
+@pytest.mark.parametrize("err", [errno.ENOSYS, errno.EPERM], ids=["ENOSYS", "EPERM"])
+def test_openat2_unavailable_falls_back_to_the_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    (tmp_path / "sub").mkdir()
+    monkeypatch.setattr(devnodes, "_openat2_works", [True])
+    monkeypatch.setattr(devnodes, "_libc", _Openat2Fails(err))
+    dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = devnodes._open_child_dir(dirfd, "sub")
+        assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / "sub"))
+        os.close(fd)
+    finally:
+        os.close(dirfd)
+    assert devnodes._openat2_works == [False]
+
+
+def test_openat2_refusal_is_not_retried_by_the_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any other errno is openat2's answer (here EACCES): the fallback must not second-guess it."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.setattr(devnodes, "_openat2_works", [True])
+    monkeypatch.setattr(devnodes, "_libc", _Openat2Fails(errno.EACCES))
+    dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(PermissionError) as info:
+            devnodes._open_child_dir(dirfd, "sub")
+    finally:
+        os.close(dirfd)
+    assert info.value.filename == "sub"
+    assert devnodes._openat2_works == [True]
+
+
+def test_the_helpers_real_wait_status_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper closes its pipe, then dies without a report: the error carries its exit status,
+    which only a blocking wait can read (the pipe's EOF comes before the exit)."""
+
+    def dies_late(ns_fd: int, wfd: int, *rest: object) -> None:
+        os.close(wfd)
+        time.sleep(0.3)
+        os._exit(3)
+
+    monkeypatch.setattr(devnodes, "_child", dies_late)
+    pid = os.getpid()
+    out = devnodes._in_namespace(pid, Path("/proc"), None, (), ())
+    why = "the helper in the container's namespace exited without a report (wait status 768)"
+    assert out.error == (f"/proc/{pid}/ns/mnt", "", why)

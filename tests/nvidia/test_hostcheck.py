@@ -49,3 +49,12 @@ def test_regular_file_and_missing(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         verify_host_node(tmp_path / "absent", 195, 0)
     assert info.value.file == str(tmp_path / "absent") and "not found" in info.value.reason
+
+
+def test_unstatable_path_is_an_input_error(tmp_path: Path) -> None:
+    """Not only a missing node: any ``lstat`` error (here ENOTDIR) is one line naming the path."""
+    (tmp_path / "dev").write_text("")
+    with pytest.raises(InputError) as info:
+        verify_host_node(tmp_path / "dev/nvidia0", 195, 0)
+    assert info.value.file == str(tmp_path / "dev/nvidia0")
+    assert info.value.reason == "cannot stat: Not a directory"

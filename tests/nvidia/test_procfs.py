@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,11 @@ def test_proc_devices_older_frontend_name() -> None:
     assert procfs.parse_proc_devices("Character devices:\n195 nvidia-frontend\n509 nvidia-uvm\n").uvm == 509
     text = "Character devices:\n196 nvidia-frontend\n\n"
     assert procfs.parse_proc_devices(text).nvidia == 196
+
+
+def test_proc_devices_frontend_never_overrides_nvidia() -> None:
+    text = "Character devices:\n195 nvidia\n196 nvidia-frontend\n"
+    assert procfs.parse_proc_devices(text).nvidia == 195
 
 
 def test_proc_devices_prefix_names_do_not_match() -> None:
@@ -181,6 +187,16 @@ def test_cap_with_neither_file_nor_node_is_absent(real_host) -> None:
     os.unlink(root / "dev/nvidia-caps/nvidia-cap22")
     table, _ = procfs.read_cap_table(root)
     assert (0, 2, 0) not in table.ci and table.instances() == ((0, 1, 0),)
+
+
+def test_stray_nodes_in_dev_caps_without_a_number_are_skipped(real_host) -> None:
+    """``nvidia-cap`` and ``nvidia-cap-old`` are no cap minors, even as character nodes."""
+    root, _ = real_host("8x-mig")
+    caps = root / "dev/nvidia-caps"
+    for name in ("nvidia-cap", "nvidia-cap-old"):
+        os.mknod(caps / name, stat.S_IFCHR | 0o444, os.makedev(511, 99))
+    table, _ = procfs.read_cap_table(root)
+    assert dict(table.ci) == {(0, 1, 0): CapNode(minor=13), (0, 2, 0): CapNode(minor=22)}
 
 
 def test_plain_file_in_dev_caps_is_not_a_node(fake_host) -> None:
