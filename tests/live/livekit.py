@@ -174,19 +174,24 @@ def runc_command(bundle: Bundle, state_root: Path) -> list[str]:
     return [RUNC, "--root", str(state_root), "run", "--bundle", str(bundle.path), bundle.id]
 
 
-# A private host view: fresh /dev with only the basic nodes, throwaway /run and /var/log.
-PRIVATE_HOST_VIEW = """set -eu
-mount -t tmpfs -o mode=0755,nosuid tmpfs /dev
-mknod -m 666 /dev/null c 1 3; mknod -m 666 /dev/zero c 1 5; mknod -m 666 /dev/full c 1 7
+# The basic nodes, ptys and fd links an engine expects in /dev, on a fresh tmpfs /dev of a private
+# mount namespace (the host's /dev is never touched); the shell lines that follow the tmpfs mount.
+BASIC_DEV = """mknod -m 666 /dev/null c 1 3; mknod -m 666 /dev/zero c 1 5; mknod -m 666 /dev/full c 1 7
 mknod -m 666 /dev/random c 1 8; mknod -m 666 /dev/urandom c 1 9; mknod -m 666 /dev/tty c 5 0
 mkdir /dev/pts /dev/shm /dev/mqueue
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -s pts/ptmx /dev/ptmx
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin
 ln -s /proc/self/fd/1 /dev/stdout; ln -s /proc/self/fd/2 /dev/stderr
-mount -t tmpfs -o mode=0755 tmpfs /run
-if [ -d /var/log ]; then mount -t tmpfs -o mode=0755 tmpfs /var/log; fi
 """
+
+# A private host view: fresh /dev with only the basic nodes, throwaway /run and /var/log.
+PRIVATE_HOST_VIEW = (
+    "set -eu\nmount -t tmpfs -o mode=0755,nosuid tmpfs /dev\n"
+    + BASIC_DEV
+    + "mount -t tmpfs -o mode=0755 tmpfs /run\n"
+    + "if [ -d /var/log ]; then mount -t tmpfs -o mode=0755 tmpfs /var/log; fi\n"
+)
 
 
 # The device cgroup root runc and the hook see is a scratch cgroup (GUARD): a hook that regressed

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.hosttree import make_host_tree
+from tests.live.livekit import BASIC_DEV
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = "oci-device-hook"
@@ -163,19 +163,9 @@ def _podman_in_fake_dev(world: dict[str, Path], hooks: Path, podman_args: list[s
     ]  # fmt: skip
     script = base / "in-namespace.sh"
     script.write_text(
-        textwrap.dedent(f"""\
-        set -eu
-        mount -t tmpfs -o mode=0755,nosuid tmpfs /dev
-        cp -a {world["driver"]}/dev/. /dev/
-        mknod -m 666 /dev/null c 1 3; mknod -m 666 /dev/zero c 1 5; mknod -m 666 /dev/full c 1 7
-        mknod -m 666 /dev/random c 1 8; mknod -m 666 /dev/urandom c 1 9; mknod -m 666 /dev/tty c 5 0
-        mkdir /dev/pts /dev/shm /dev/mqueue
-        mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -s pts/ptmx /dev/ptmx
-        mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-        ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin
-        ln -s /proc/self/fd/1 /dev/stdout; ln -s /proc/self/fd/2 /dev/stderr
-        exec "$@"
-        """)
+        f"set -eu\nmount -t tmpfs -o mode=0755,nosuid tmpfs /dev\ncp -a {world['driver']}/dev/. /dev/\n"
+        + BASIC_DEV
+        + 'exec "$@"\n'
     )
     proc = _sh(
         "unshare", "-m", "--propagation", "private", "sh", str(script), *podman, timeout=180, check=False

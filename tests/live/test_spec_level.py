@@ -21,7 +21,6 @@ import signal
 import stat
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ import pytest
 
 from hook.marker import ANNOTATION
 from tests.hosttree import CAPS_MAJOR, cap_minor, make_host_tree
-from tests.live.livekit import build_bundle, build_rootfs, parse_probe, probe_args
+from tests.live.livekit import BASIC_DEV, build_bundle, build_rootfs, parse_probe, probe_args
 from tests.live.test_hook_scenarios import CAPS, MIG_UUID, SLICE_UUID, host_nodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,20 +136,9 @@ def _in_fake_dev(world: dict[str, Path], cmd: list[str]) -> subprocess.Completed
     """Run ``cmd`` in a private mount namespace whose /dev holds the fake GPUs (and a private /run)."""
     script = world["base"] / "in-namespace.sh"
     script.write_text(
-        textwrap.dedent(f"""\
-        set -eu
-        mount -t tmpfs -o mode=0755 tmpfs /run; mkdir /run/oci-device-hook
-        mount -t tmpfs -o mode=0755,nosuid tmpfs /dev
-        cp -a {world["driver"]}/dev/. /dev/
-        mknod -m 666 /dev/null c 1 3; mknod -m 666 /dev/zero c 1 5; mknod -m 666 /dev/full c 1 7
-        mknod -m 666 /dev/random c 1 8; mknod -m 666 /dev/urandom c 1 9; mknod -m 666 /dev/tty c 5 0
-        mkdir /dev/pts /dev/shm /dev/mqueue
-        mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts; ln -s pts/ptmx /dev/ptmx
-        mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-        ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin
-        ln -s /proc/self/fd/1 /dev/stdout; ln -s /proc/self/fd/2 /dev/stderr
-        exec "$@"
-        """)
+        "set -eu\nmount -t tmpfs -o mode=0755 tmpfs /run; mkdir /run/oci-device-hook\n"
+        "mount -t tmpfs -o mode=0755,nosuid tmpfs /dev\n"
+        f"cp -a {world['driver']}/dev/. /dev/\n" + BASIC_DEV + 'exec "$@"\n'
     )
     return subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", str(script), *cmd],
