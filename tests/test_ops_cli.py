@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.bundles import (
+    PRIVATE_RUN,
     _hook_exe,
     config,
     hook_cli,
@@ -50,10 +51,7 @@ CRIO_POD = {
 
 def _live(tmp: Path, stdin: Any, *args: str) -> subprocess.CompletedProcess[bytes]:
     """The console script in a private mount namespace: its fast-path cache never reaches the host."""
-    run = tmp / "run-cache"
-    run.mkdir(exist_ok=True)
-    inner = 'mkdir -p /run/oci-device-hook && mount -t tmpfs tmpfs /run/oci-device-hook && exec "$@"'
-    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", inner, "sh", *_hook_exe(), *args]
+    cmd = [*PRIVATE_RUN, *_hook_exe(), *args]
     if isinstance(stdin, bytes):
         return subprocess.run(cmd, input=stdin, capture_output=True, timeout=60, check=False)
     return subprocess.run(cmd, stdin=stdin, capture_output=True, timeout=60, check=False)
