@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hosttree import make_host_tree
+
 _MISSING = [
     what
     for what, ok in (
@@ -35,3 +37,15 @@ def bundle_dir(tmp_path: Path) -> Path:
     path = tmp_path / "bundle"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> dict[str, Path]:
+    """The seed-000 driver root (fake nodes), no CDI specs, settings with a log and cache in tmp_path."""
+    root = tmp_path / "driver-root"
+    make_host_tree(root, "8x-mig", mknod=True)
+    empty = tmp_path / "no-cdi"
+    empty.mkdir()
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(f"log_file: {tmp_path}/hook.log\ncache_dir: {tmp_path}/cache\n")
+    return {"root": root, "no_cdi": empty, "settings": settings, "log": tmp_path / "hook.log"}

@@ -23,24 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.hosttree import make_host_tree
 from tests.live.isolation import isolated_script, listing, run_isolated
 from tests.live.livekit import Bundle, parse_probe
 from tests.live.test_hook_scenarios import slice_pod, the_hook
 
 V1_DEVICES = Path("/sys/fs/cgroup/devices")
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> dict[str, Path]:
-    """The seed-000 driver root (fake nodes), no CDI specs, settings with a log in tmp_path."""
-    root = tmp_path / "driver-root"
-    make_host_tree(root, "8x-mig", mknod=True)
-    empty = tmp_path / "no-cdi"
-    empty.mkdir()
-    settings = tmp_path / "settings.yaml"
-    settings.write_text(f"log_file: {tmp_path}/hook.log\ncache_dir: {tmp_path}/cache\n")
-    return {"root": root, "no_cdi": empty, "settings": settings, "log": tmp_path / "hook.log"}
 
 
 PROBES = ["/dev/nvidia1", "/dev/nvidia0", "/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap2", "/tmp/n0"]

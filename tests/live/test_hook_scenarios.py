@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, cap_minor, make_host_tree
+from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, cap_minor
 from tests.live.livekit import (
     Bundle,
     build_bundle,
@@ -36,17 +36,6 @@ MIG_UUID = "MIG-07ad8e7c-0197-5973-bd05-7fcd18ae754e"
 CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID", "CAP_SETUID", "CAP_KILL"]
 OWN_GI, OWN_CI = cap_minor(0, 1), cap_minor(0, 1, 0)
 SIBLING_GI = cap_minor(0, 2)
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> dict[str, Path]:
-    root = tmp_path / "driver-root"
-    make_host_tree(root, "8x-mig", mknod=True)
-    empty = tmp_path / "no-cdi"
-    empty.mkdir()
-    settings = tmp_path / "settings.yaml"
-    settings.write_text(f"log_file: {tmp_path}/hook.log\ncache_dir: {tmp_path}/cache\n")
-    return {"root": root, "no_cdi": empty, "settings": settings, "log": tmp_path / "hook.log"}
 
 
 def the_hook(host: dict[str, Path], *cdi_dirs: Path) -> dict[str, list[dict[str, object]]]:
