@@ -41,6 +41,7 @@ __all__ = [
     "load_config",
     "load_inputs",
     "inputs_for_config",
+    "kubelet_evidence",
 ]
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -147,6 +148,12 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
     except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
         warnings.append(f"{path}: cannot decode ({type(exc).__name__}); using the other evidence")
     return view("corrupt")
+
+
+def kubelet_evidence(annotations: Mapping[str, str], settings: Settings) -> ckpt.Kubelet | None:
+    """The kubelet's word on this container exactly as a decision reads it (its warnings dropped):
+    what the precreate marker binds, gathered again by the stage that checks the marker."""
+    return _kubelet(dict(annotations), settings, [])
 
 
 def _has_dra_claims(checkpoint: Path, pod_uid: str) -> bool:

@@ -134,13 +134,18 @@ def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]
     return error.exit_code
 
 
-def _decided_before(config: OciConfig, settings: Settings) -> bool:
-    """``hook precreate`` on this node decided exactly these nodes and rules (``hook.marker``)."""
-    from hook.marker import ANNOTATION, load_key, verify
+def _decided_before(config: OciConfig, annotations: Mapping[str, str], settings: Settings) -> bool:
+    """``hook precreate`` on this node decided exactly these nodes and rules, for this pod, on the
+    kubelet evidence and settings it would read now (``hook.marker``)."""
+    from hook.gather import kubelet_evidence
+    from hook.marker import ANNOTATION, binding, load_key, verify
 
     if ANNOTATION not in config.annotations:
         return False
-    return verify(load_key(Path(settings.cache_dir), create=False), config)
+    key = load_key(Path(settings.cache_dir), create=False)
+    if key is None:
+        return False
+    return verify(key, config, binding(kubelet_evidence(annotations, settings), settings))
 
 
 def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
@@ -172,7 +177,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         annotations = state.annotations
         config = load_config(state)
         annotations = {**config.annotations, **state.annotations}
-        if _decided_before(config, settings):
+        if _decided_before(config, annotations, settings):
             record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
             _log({**record, "container": {"id": container}}, settings, annotations, opts)
             return 0

@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_PATH",
     "parse_settings",
     "load_settings",
+    "digest",
 ]
 
 DEFAULT_PATH = Path("/etc/oci-device-hook/config.yaml")
@@ -324,6 +325,16 @@ def _document(settings: Settings) -> dict[str, object]:
             value = value.value
         doc[f.name] = value
     return doc
+
+
+def digest(settings: Settings) -> str:
+    """SHA-256 of the settings' values (not the file's bytes: a comment or key order changes nothing
+    a decision reads), for the precreate marker (``hook.marker.binding``)."""
+    import hashlib
+    import json
+
+    text = json.dumps(_document(settings), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 FASTPATH_CACHE = Path("/run/oci-device-hook/fastpath.json")
