@@ -259,6 +259,7 @@ def doctor(
 @click.option("--narrowed", is_flag=True, help="only containers narrowed to their allocation")
 @click.option("--namespace", default="", help="only pods of this namespace")
 @click.option("--pod", default="", help="only this pod (name)")
+@click.option("--warnings", is_flag=True, help="only records with warnings (text shows them under each)")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), help="output format")
 @click.pass_context
 def log_cmd(
@@ -272,6 +273,7 @@ def log_cmd(
     """Read the decision log: e.g. which containers were narrowed today (--since today --narrowed)."""
     from hook.logread import cmd_log
 
+    named = log_file is not None
     if log_file is None:
         from hook.settings import DEFAULT_PATH, load_settings
 
@@ -279,7 +281,7 @@ def log_cmd(
         path = config_file or root.get("config_file")
         settings = load_settings(path or DEFAULT_PATH, required=bool(path))
         log_file = Path(settings.log_file)
-    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", **filters))
+    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", must_exist=named, **filters))
 
 
 @cli.group("settings")

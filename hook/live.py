@@ -124,14 +124,23 @@ def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]
     except HookError:
         harmless = False
     record: dict[str, Any] = {"container": {"id": container}, "error": str(error)}
+    logs = _salvaged(opts)
     if harmless:
         sys.stderr.write(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
         reason = "settings file broken; the container asks for no device"
-        _log({**record, "verdict": "none", "reason": reason}, None, annotations, opts)
+        _log({**record, "verdict": "none", "reason": reason}, logs, annotations, opts)
         return 0
     sys.stderr.write(f"oci-device-hook: {error}\n")
-    _log({**record, "verdict": "error"}, None, annotations, opts)
+    _log({**record, "verdict": "error"}, logs, annotations, opts)
     return error.exit_code
+
+
+def _salvaged(opts: dict[str, list[str]]) -> Settings | None:
+    """The log a broken ``--config`` still names (``settings.salvage_log``); None: the default."""
+    from hook.settings import salvage_log
+
+    config = opts.get("--config")
+    return salvage_log(Path(config[-1])) if config else None
 
 
 def _decided_before(config: OciConfig, annotations: Mapping[str, str], settings: Settings) -> bool:

@@ -23,7 +23,7 @@ from hook.decide import Inputs, decide
 from hook.errors import HookError
 from hook.escape import clean
 from hook.gather import host_devices, inputs_for_config, resolved
-from hook.live import _decided_before, _remember, options_from
+from hook.live import _decided_before, _remember, _salvaged, options_from
 from hook.marker import ANNOTATION, binding, load_key, sign
 from hook.oci import OciConfig, parse_config, parse_config_object
 from hook.plan import Plan, Verdict
@@ -153,7 +153,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
         _runtime_log(f"oci-device-hook: {exc}")
         _log(
             {"verdict": "error", "stage": "precreate", "container": {"id": container}, "error": str(exc)},
-            settings,
+            settings if settings is not None else _salvaged(opts),
             config,
         )
         return exc.exit_code, b""

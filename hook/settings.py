@@ -27,6 +27,7 @@ __all__ = [
     "parse_settings",
     "load_settings",
     "digest",
+    "salvage_log",
 ]
 
 DEFAULT_PATH = Path("/etc/oci-device-hook/config.yaml")
@@ -256,6 +257,34 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
     if compiled is not None:
         return compiled
     return parse_settings(parse_yaml(data, str(path)), str(path))
+
+
+def salvage_log(path: Path) -> Settings:
+    """Where a settings file that does not load still says the log goes: defaults, but with its
+    ``log_file`` / ``log_max_bytes`` when those two are readable and valid (a file broken
+    elsewhere, or YAML that does not parse but holds one plain top-level ``log_file: /path``
+    line). The error about the file then reaches the operator's log, not the default one."""
+    import re
+
+    try:
+        data = _read_file(path)
+    except (OSError, InputError):
+        return Settings()
+    values: dict[str, Any] = {}
+    try:
+        doc = parse_yaml(data, str(path))
+    except InputError:
+        text = data.decode("utf-8", "replace")
+        found = re.findall(r"(?m)^log_file:[ \t]*(/[^\s#'\"]+)[ \t]*(?:#.*)?$", text)
+        doc = {"log_file": found[0]} if len(found) == 1 else None
+    if isinstance(doc, dict):
+        for key in ("log_file", "log_max_bytes"):
+            if key in doc:
+                try:  # noqa: SIM105 - contextlib would be one more import on the error path
+                    values[key] = _convert(key, doc[key], str(path))
+                except InputError:
+                    pass
+    return Settings(**values)
 
 
 def parse_yaml(data: bytes, source: str) -> Any:

@@ -16,6 +16,7 @@ import pytest
 
 ROOT_DEVICES_LIST = Path("/sys/fs/cgroup/devices/devices.list")
 HOST_CACHE_DIR = Path("/run/oci-device-hook")  # the hook's default cache dir on this machine
+HOST_LOG = Path("/var/log/oci-device-hook.log")  # the hook's default log on this machine
 
 
 def _root_devices_list() -> str | None:
@@ -52,6 +53,14 @@ def host_untouched() -> Iterator[None]:
     assert now == nodes, f"the suite changed the host's /dev: added {added}, removed {removed}"
 
 
+def _host_log() -> tuple[int, int] | None:
+    try:
+        st = HOST_LOG.lstat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
 def _host_cache() -> dict[str, tuple[int, int]] | None:
     """The host's cache dir as names -> (mtime, size), None when absent."""
     try:
@@ -64,7 +73,8 @@ def _host_cache() -> dict[str, tuple[int, int]] | None:
 
 @pytest.fixture(autouse=True)
 def host_cache_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every hook run of a test has a private /run (or its own cache dir): the host's is never written.
+    """Every hook run of a test has a private /run (or its own cache dir) and a private /var/log (or
+its own log): the host's cache dir and default log are never written.
 
     Checked per test, so the one that wrote it is named (a run of the hook by hand on this machine
     at the same moment would also show up here).
@@ -72,10 +82,15 @@ def host_cache_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("installs_package"):
         yield  # the real package's own dir: that test purges it and checks it is gone
         return
-    before = _host_cache()
+    before, log_before = _host_cache(), _host_log()
     yield
-    after = _host_cache()
+    after, log_after = _host_cache(), _host_log()
     assert after == before, (
         f"{request.node.nodeid} wrote the host's {HOST_CACHE_DIR}: {before!r} -> {after!r} "
         "(run the hook in a private /run: tests.bundles.PRIVATE_RUN)"
+    )
+    assert log_after == log_before, (
+        f"{request.node.nodeid} wrote the host's {HOST_LOG}: {log_before!r} -> {log_after!r} "
+        "(a settings file that names no log, or one that does not load, logs there: "
+        "run the hook with a private tmpfs over /var/log)"
     )

@@ -35,8 +35,12 @@ def node(tmp_path: Path) -> dict[str, Any]:
     return {"root": root, "settings": settings, "args": [*args, "--config", str(settings)], "tmp": tmp_path}
 
 
-# The hook writes its fast-path cache under /run/oci-device-hook: each run gets a private tmpfs /run.
-PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+# The hook writes its fast-path cache under /run/oci-device-hook, and a line it cannot put in the
+# settings' log goes to the default /var/log/oci-device-hook.log: each run gets a private tmpfs over both.
+PRIVATE_RUN = (
+    'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && mount -t tmpfs tmpfs /var/log'
+    ' && exec "$@"'
+)
 IN_NS = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh"]
 
 
@@ -138,12 +142,16 @@ def test_reject_policy_denies_with_one_line(node: dict[str, Any], tmp_path: Path
 
 
 def test_broken_settings_fail_a_device_container_but_not_a_plain_one(node: dict[str, Any]) -> None:
-    node["settings"].write_text("privileged_allocation: [\n")
+    """The error line goes to the log the broken file still names (issue 21, item 8), never the default."""
+    node["settings"].write_text(f"log_file: {node['tmp'] / 'hook.log'}\nprivileged_allocation: [\n")
     plain = precreate(node, example("cpu"))
     assert (plain.returncode, plain.stdout) == (0, example("cpu"))
     dev = precreate(node, example("slice-privileged"))
     assert dev.returncode == 1 and dev.stdout == b""
     assert str(node["settings"]) in dev.stderr.decode()
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert (record["verdict"], record["stage"]) == ("error", "precreate")
+    assert str(node["settings"]) in record["error"]
 
 
 def test_settings_give_driver_root_and_spec_dirs(tmp_path: Path, node: dict[str, Any]) -> None:
@@ -419,3 +427,21 @@ def test_a_key_directory_others_may_write_is_never_trusted(mode: int, tmp_path: 
     cache.chmod(mode)
     assert load_key(cache, create=False) is None
     assert load_key(cache, create=True) is None
+
+
+@pytest.mark.parametrize("name", ["cpu", "slice-privileged"], ids=["fast-path", "decided"])
+def test_a_full_disk_under_the_output_is_one_line(name: str, node: dict[str, Any]) -> None:
+    """Issue 21, item 8: ENOSPC while the config goes out (stdout on /dev/full) is one line, exit 1."""
+    with open("/dev/full", "wb") as full:
+        res = subprocess.run(
+            [*IN_NS, *_hook_exe(), "precreate", *node["args"]],
+            input=example(name),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    lines = res.stderr.decode().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0] == (
+        "oci-device-hook: stdout: cannot write the config for the runtime: No space left on device"
+    )
