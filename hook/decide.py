@@ -45,6 +45,7 @@ class Inputs:
     specific_mig: bool = False
     warnings: tuple[str, ...] = field(default=())
     host_dev: tuple[str, ...] = (HOST_DEV,)  # the host's /dev directories (hostdev.host_dev_roots)
+    no_driver_for: tuple[str, ...] = ()  # "source=value" of requests no driver on this node could serve
 
 
 @record
@@ -270,6 +271,11 @@ def decide(inputs: Inputs) -> Plan:
             why = f"no device requested: {' and '.join(reqs.ignored_env)} is no request here (see warnings)"
         elif not reqs.items:
             why = "no device requested"
+        elif inputs.no_driver_for:
+            asked = ", ".join(inputs.no_driver_for[:4]) + (" ..." if len(inputs.no_driver_for) > 4 else "")
+            why = (
+                f"no NVIDIA driver on this node: the container starts without the GPU it asked for ({asked})"
+            )
         else:
             why = "the container already has exactly what it asked for"
         return _plan(Verdict.NONE, why, warnings, denied=tuple(denied))

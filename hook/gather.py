@@ -179,6 +179,7 @@ class _Resolver:
         self.warnings: list[str] = []
         self._has_specs: bool | None = None  # asked once per NVIDIA request; scanned once
         self._driver: bool | None = None
+        self.no_driver_for: list[str] = []  # "source=value" of requests left unserved: no driver
 
     def registry(self) -> Registry:
         if self._registry is None:
@@ -215,6 +216,7 @@ class _Resolver:
         self.warnings.append(
             f"{req.source}={req.value}: no NVIDIA driver on this node: the container starts without a GPU"
         )
+        self.no_driver_for.append(f"{req.source}={req.value}")
         return ()
 
     def inventory(self) -> Inventory:
@@ -482,4 +484,5 @@ def inputs_for_config(
         specific_mig=resolver.specific_mig,
         host_dev=host_dev_roots(str(opts.driver_root)),
         warnings=(*warnings, *resolver.warnings),
+        no_driver_for=tuple(dict.fromkeys(resolver.no_driver_for)),
     )
