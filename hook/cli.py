@@ -292,11 +292,14 @@ def settings_group() -> None:
 @settings_group.command("check")
 @click.argument("file", type=PathArg)
 def settings_check(file: Path) -> None:
-    """Validate FILE as the live hook would (unknown or duplicate keys, bad values): one line, exit 0/1."""
-    from hook.settings import load_settings
+    """Validate FILE as the live hook would (unknown or duplicate keys, bad values): every error, one
+    line each (an unknown key names the closest known one), exit 1; or one ok line, exit 0."""
+    from hook.settings import check_file
 
-    load_settings(file, required=True)  # a HookError is printed by ``run`` as one line, exit 1
-    _finish(f"{file}: ok", 0)
+    errors = check_file(file)
+    for error in errors:
+        click.echo(f"hook: {error}", err=True)
+    _finish("" if errors else f"{file}: ok", 1 if errors else 0)
 
 
 def run(argv: list[str]) -> int:

@@ -28,6 +28,7 @@ __all__ = [
     "load_settings",
     "digest",
     "salvage_log",
+    "check_file",
 ]
 
 DEFAULT_PATH = Path("/etc/oci-device-hook/config.yaml")
@@ -201,22 +202,66 @@ ALIAS = "accept_envvar_when_unprivileged"
 _KEYS = frozenset(f.name for f in fields(Settings)) | {ALIAS}
 
 
-def parse_settings(obj: Any, source: str) -> Settings:
-    """Build Settings from a decoded YAML document (None = empty file = defaults)."""
-    if obj is None:
-        return Settings()
+def _unknown(key: object, source: str) -> InputError:
+    """An unknown key, with the closest known one when there is one (as ``hook doctr`` is answered)."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(str(key), sorted(_KEYS), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InputError(source, str(key), f"unknown setting{hint}")
+
+
+def _collect(obj: Any, source: str) -> tuple[dict[str, Any], list[InputError]]:
+    """Every key's value and every key's error, in the file's order."""
     if not isinstance(obj, dict):
-        raise InputError(source, "", "expected a mapping of settings")
+        return {}, [InputError(source, "", "expected a mapping of settings")]
     values: dict[str, Any] = {}
+    errors: list[InputError] = []
     for key, value in obj.items():
         if key not in _KEYS:
-            raise InputError(source, str(key), "unknown setting")
+            errors.append(_unknown(key, source))
+            continue
         name = "env_requests" if key == ALIAS else key
-        converted = _convert(key, value, source)
+        try:
+            converted = _convert(key, value, source)
+        except InputError as exc:
+            errors.append(exc)
+            continue
         if name in values and values[name] != converted:
-            raise InputError(source, key, f"contradicts env_requests: {values[name]}; set only env_requests")
+            errors.append(
+                InputError(source, key, f"contradicts env_requests: {values[name]}; set only env_requests")
+            )
+            continue
         values[name] = converted
+    return values, errors
+
+
+def parse_settings(obj: Any, source: str) -> Settings:
+    """Build Settings from a decoded YAML document (None = empty file = defaults); the first error raises."""
+    if obj is None:
+        return Settings()
+    values, errors = _collect(obj, source)
+    if errors:
+        raise errors[0]
     return Settings(**values)
+
+
+def check_file(path: Path) -> list[InputError]:
+    """Every error in a settings file (``hook settings check``): all bad keys and values at once;
+    a file that cannot be read or is not YAML is one error."""
+    try:
+        data = _read_file(path)
+    except FileNotFoundError:
+        return [InputError(str(path), "", "no such file")]
+    except OSError as exc:
+        return [InputError(str(path), "", exc.strerror or str(exc))]
+    except InputError as exc:
+        return [exc]
+    try:
+        doc = parse_yaml(data, str(path))
+    except InputError as exc:
+        return [exc]
+    return [] if doc is None else _collect(doc, str(path))[1]
 
 
 def _read_file(path: Path) -> bytes:

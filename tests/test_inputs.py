@@ -227,6 +227,26 @@ def test_settings_check_command(tmp_path: Path, text: str, rc: int) -> None:
     assert len(out) == 1 and str(path) in out[0], out
 
 
+def test_settings_check_reports_every_error_and_the_closest_key(tmp_path: Path) -> None:
+    """Issue 22, item 5: all of a file's errors at once, an unknown key with the closest known one."""
+    path = tmp_path / "config.yaml"
+    path.write_text("privileged_alocation: narrow\ncap_access: rwx\nlog_file: rel.log\nzzz: 1\nruntime: x\n")
+    res = subprocess.run(
+        [sys.executable, "-I", "-m", "hook", "settings", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr.splitlines() == [
+        f"hook: {path}: privileged_alocation: unknown setting; did you mean 'privileged_allocation'?",
+        f"hook: {path}: cap_access: expected r or rw",
+        f"hook: {path}: log_file: expected an absolute path",
+        f"hook: {path}: zzz: unknown setting",
+    ]
+
+
 def test_simulation_of_odd_configs_is_never_a_traceback(tmp_path: Path) -> None:
     """``hook --bundle`` on what runc accepts: a report, or (writing a 2,000-deep config back) one line."""
     bundle = write_bundle(tmp_path / "b", ODD["deep-extension"](PRIVILEGED))
