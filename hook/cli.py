@@ -73,14 +73,14 @@ def _warn_missing_dirs(dirs: Any) -> None:
 def _options(o: dict[str, Any], *, use_cache: bool, resolve: bool = True) -> Any:
     """Options from the command line; with ``resolve``, what is not given comes from the settings
     file (``driver_root``, ``cdi_spec_dirs``), or the defaults when that file cannot be read."""
-    from hook.gather import Options, resolved
+    from hook.gather import Options, inventory_option, resolved
 
     _warn_missing_dirs(o.get("spec_dirs"))
 
     opts = Options(
         driver_root=o.get("driver_root"),
         spec_dirs=tuple(o.get("spec_dirs") or ()),
-        inventory_file=o.get("inventory_file"),
+        inventory_file=inventory_option(o.get("inventory_file")),
         settings_file=o.get("config_file"),
         use_cache=use_cache,
     )

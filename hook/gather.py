@@ -42,6 +42,7 @@ __all__ = [
     "load_inputs",
     "inputs_for_config",
     "kubelet_evidence",
+    "inventory_option",
 ]
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -59,6 +60,15 @@ class Options:
     settings_file: Path | None = None
     use_cache: bool = True  # simulation never writes caches
     settings: Settings | None = field(default=None, compare=False)
+
+
+def inventory_option(path: Path | None) -> Path | None:
+    """``--inventory`` as given: a file that is not there is an error, never "no inventory" (a
+    missing one would otherwise pass for a driver on a CPU node, or go unread without a word)."""
+    if path is not None and not path.is_file():
+        why = "not a regular file" if path.exists() else "no such file"
+        raise InputError(str(path), "", f"{why} (--inventory)")
+    return path
 
 
 def read_limited(path: Path, limit: int, what: str) -> bytes:

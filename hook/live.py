@@ -15,7 +15,7 @@ from pathlib import Path
 from hook.decide import decide
 from hook.errors import HookError, InputError
 from hook.escape import clean
-from hook.gather import Options, load_config, load_inputs
+from hook.gather import Options, inventory_option, load_config, load_inputs
 from hook.oci import OciConfig, parse_state
 from hook.plan import Verdict
 from hook.record import replace
@@ -39,7 +39,7 @@ def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
     return Options(
         driver_root=Path(root[-1]) if root else None,
         spec_dirs=tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())),
-        inventory_file=Path(inventory[-1]) if inventory else None,
+        inventory_file=inventory_option(Path(inventory[-1]) if inventory else None),
         settings_file=Path(config[-1]) if config else None,
         use_cache=use_cache,
     )
@@ -217,7 +217,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         sys.stderr.write(f"oci-device-hook: {exc}\n")
         _log(
             {"verdict": "error", "container": {"id": container}, "error": str(exc)},
-            settings,
+            settings if settings is not None else _salvaged(opts),  # an option failed before the settings
             annotations,
             opts,
         )

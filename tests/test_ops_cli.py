@@ -361,3 +361,19 @@ def test_hook_log_on_a_missing_file_is_an_error(tmp_path: Path) -> None:
     res = hook_cli("log", "--config", str(settings_file(tmp_path)))  # the settings' log, not yet written
     assert res.returncode == 0
     assert res.stdout == f"no matching log records ({tmp_path / 'hook.log'} does not exist yet)\n"
+
+
+def test_a_missing_inventory_file_is_an_error(tmp_path: Path) -> None:
+    """Issue 22, item 5: ``--inventory`` names a file; a typo there passed for "a driver is here"."""
+    missing = tmp_path / "inventory.json"
+    bundle = REPO / "examples" / "slice-privileged"
+    cdi = str(REPO / "examples" / "node" / "cdi")
+    res = hook_cli("--bundle", str(bundle), "--inventory", str(missing), "--cdi-spec-dir", cdi)
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr == f"hook: {missing}: no such file (--inventory)\n"
+    live = _live(tmp_path, state(bundle), "prestart", "--inventory", str(missing), "--config",
+                 str(settings_file(tmp_path)), "--cdi-spec-dir", cdi)  # fmt: skip
+    assert live.returncode == 1
+    assert live.stderr.decode() == f"oci-device-hook: {missing}: no such file (--inventory)\n"
+    record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])  # the settings' log
+    assert record["verdict"] == "error" and str(missing) in record["error"]
