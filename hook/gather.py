@@ -365,7 +365,8 @@ class _Resolver:
 
 
 def _is_mig_id(value: str) -> bool:
-    """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (nvidia-toolkit.md §1.3)."""
+    """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (the MIG forms NVIDIA's
+    container toolkit documents for ``NVIDIA_VISIBLE_DEVICES``)."""
     gpu, sep, mig = value.partition(":")
     return value.upper().startswith("MIG-") or (bool(sep) and gpu.isdigit() and mig.isdigit())
 

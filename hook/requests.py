@@ -1,6 +1,8 @@
 """Device requests: what a container asked for, where the ask came from, and whether a plugin made it.
 
-Rule: NVIDIA's precedence (research/nvidia-toolkit.md §1.3) decides which channel *grants*
+Rule: NVIDIA's precedence (nvidia-container-toolkit ``cmd/nvidia-container-runtime-hook/
+container_config.go``, ``getDevices``: the volume-mount list first, then the env; CDI annotations
+ahead of both in its CDI modifier) decides which channel *grants*
 devices: CDI annotations, else the volume-mount list, else the visible-devices env. The kubelet
 checkpoint and specifically-allowed nodes always count. ``from_plugin`` is evidence, not trust:
 a visible-devices env counts as a plugin's only when something a pod cannot forge corroborates it.

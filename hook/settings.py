@@ -71,7 +71,9 @@ DEFAULT_TRUSTED_NAMESPACES: tuple[str, ...] = (
 # allocation of one of these vouches for NVIDIA_VISIBLE_DEVICES (a NIC's entry does not).
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 
-# Accelerator node patterns per vendor (fnmatch, relative to /dev); research/device-plugins.md §4.
+# Accelerator node patterns per vendor (fnmatch, relative to /dev): the nodes each vendor's device
+# plugin hands a container (NVIDIA k8s-device-plugin, ROCm k8s-device-plugin, Intel's device plugins,
+# Ascend, Hygon, Iluvatar, T-Head, Cambricon, Moore Threads).
 DEFAULT_ACCELERATOR_NODES: Mapping[str, tuple[str, ...]] = {
     "nvidia": ("nvidia[0-9]*", "nvidia-caps/*", "nvidia-caps-imex-channels/*"),
     "amd": ("dri/renderD*", "dri/card*"),  # /dev/kfd is node-global: a control node, kept
