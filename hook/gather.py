@@ -69,6 +69,7 @@ class Options:
     inventory_file: Path | None = None
     settings_file: Path | None = None
     use_cache: bool = True  # simulation never writes caches
+    dra_state: Path | None = None  # simulation's --kubelet-dra-state: wins over kubelet_dra_state
     settings: Settings | None = field(default=None, compare=False)
 
 
@@ -533,6 +534,8 @@ def inputs_for_config(
 ) -> Inputs:
     """The decision's inputs from a config alone (``hook precreate``: no state, pid or bundle yet)."""
     settings = _settings(opts)
+    if opts.dra_state is not None:
+        settings = replace(settings, kubelet_dra_state=str(opts.dra_state))
     opts = resolved(opts, settings)
     warnings: list[str] = []
     annotations = {**config.annotations, **annotations}
