@@ -50,7 +50,15 @@ def binding(kubelet: Kubelet | None, settings: Settings) -> str:
 
     evidence = asdict(kubelet) if kubelet is not None else None
     doc = {"kubelet": evidence, "settings": digest(settings)}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=_plain)
+
+
+def _plain(value: object) -> object:
+    """JSON for what ``asdict`` leaves (enums, sets): the same text in every process, never a repr
+    with an address or a hash order, or no marker would ever verify."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(str, value))
+    return str(value)
 
 
 def digest_text(config: OciConfig, bound: str) -> bytes:
