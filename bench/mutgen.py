@@ -23,6 +23,7 @@ SAFETY = (
     "hook/checkpoint.py",
     "hook/cachefile.py",
     "hook/entry.py",
+    "hook/fastpath.py",  # entry's fast path, split out of it
     "hook/requests.py",
     "hook/decide.py",
     "hook/apply/",
