@@ -78,12 +78,8 @@ def _mounts() -> list[dict[str, Any]]:
     nosuid = ["nosuid", "noexec", "nodev"]
     return [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        {
-            "destination": "/dev",
-            "type": "tmpfs",
-            "source": "tmpfs",
-            "options": ["nosuid", "strictatime", "mode=755"],
-        },
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755"]},
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": [*nosuid, "mode=1777"]},
         {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": [*nosuid, "ro"]},
     ]
@@ -93,14 +89,8 @@ def nodev_config(rootfs: Path, cgroups_path: str) -> dict[str, Any]:
     """A plain container: default devices only, deny-all device cgroup, runs ``/bin/true``."""
     return {
         "ociVersion": "1.0.2",
-        "process": {
-            "terminal": False,
-            "user": {"uid": 0, "gid": 0},
-            "args": ["/bin/true"],
-            "cwd": "/",
-            "env": ["PATH=/bin", "HOME=/"],
-            "noNewPrivileges": True,
-        },
+        "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": ["/bin/true"], "cwd": "/",
+                    "env": ["PATH=/bin", "HOME=/"], "noNewPrivileges": True},
         "root": {"path": str(rootfs), "readonly": True},
         "hostname": "bench",
         "mounts": _mounts(),
@@ -143,13 +133,8 @@ def write_bundle(dest: Path, config: dict[str, Any]) -> Path:
 
 def state_for(bundle: Path, cid: str, pid: int | None = None) -> bytes:
     """The OCI state a runtime hands a prestart hook on stdin."""
-    state: dict[str, Any] = {
-        "ociVersion": "1.0.2",
-        "id": cid,
-        "status": "creating",
-        "bundle": str(bundle),
-        "annotations": {},
-    }
+    state: dict[str, Any] = {"ociVersion": "1.0.2", "id": cid, "status": "creating", "bundle": str(bundle),
+                             "annotations": {}}
     if pid is not None:
         state["pid"] = pid
     return json.dumps(state).encode()

@@ -78,12 +78,8 @@ class Bench:
 
     # ---- runc -------------------------------------------------------------------------------------
 
-    def runc_sample(
-        self,
-        name: str,
-        make: Callable[[Path, str], dict[str, Any]],
-        hooks: dict[str, list[dict[str, Any]]] | None,
-    ) -> Sample:
+    def runc_sample(self, name: str, make: Callable[[Path, str], dict[str, Any]],
+                    hooks: dict[str, list[dict[str, Any]]] | None) -> Sample:
         bundle = self.tmp / "bundles" / name
         state_root = self.tmp / "runc"
 
@@ -98,10 +94,8 @@ class Bench:
             elapsed = time.perf_counter() - start
             if proc.returncode != 0:
                 subprocess.run([RUNC, "--root", str(state_root), "delete", "-f", cid], capture_output=True)
-                raise RuntimeError(
-                    f"runc run ({name}) exit {proc.returncode}: "
-                    f"{proc.stderr.decode(errors='replace').strip()}"
-                )
+                raise RuntimeError(f"runc run ({name}) exit {proc.returncode}: "
+                                   f"{proc.stderr.decode(errors='replace').strip()}")
             return elapsed
 
         return run
@@ -119,12 +113,8 @@ class Bench:
                 bundle = bundles.write_bundle(self.tmp / "bundles" / f"{name}-{i}", config)
                 cmds.append([RUNC, "--root", str(state_root), "run", "--bundle", str(bundle), cid])
             start = time.perf_counter()
-            procs = [
-                subprocess.Popen(
-                    c, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-                )
-                for c in cmds
-            ]
+            procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE) for c in cmds]
             errors = [(p.wait(), p.stderr.read() if p.stderr else b"") for p in procs]
             elapsed = time.perf_counter() - start
             for p in procs:
@@ -132,10 +122,8 @@ class Bench:
                     p.stderr.close()
             bad = [(rc, err) for rc, err in errors if rc != 0]
             if bad:
-                raise RuntimeError(
-                    f"{name}: {len(bad)} of {n} containers failed: "
-                    f"{bad[0][1].decode(errors='replace').strip()}"
-                )
+                raise RuntimeError(f"{name}: {len(bad)} of {n} containers failed: "
+                                   f"{bad[0][1].decode(errors='replace').strip()}")
             return elapsed
 
         return run
@@ -151,11 +139,8 @@ class Bench:
         self.rows.append(row)
         result = "info" if row.passed is None else ("PASS" if row.passed else "FAIL")
         target = "" if row.target is None else f" (target <= {row.target:.2f}x)"
-        print(
-            f"bench: {row.label}: {row.pair.a_ms:.1f} -> {row.pair.b_ms:.1f} ms = "
-            f"{row.pair.ratio:.2f}x{target} {result}",
-            file=sys.stderr,
-        )
+        print(f"bench: {row.label}: {row.pair.a_ms:.1f} -> {row.pair.b_ms:.1f} ms = "
+              f"{row.pair.ratio:.2f}x{target} {result}", file=sys.stderr)
 
     # ---- measurements -----------------------------------------------------------------------------
 
@@ -163,59 +148,30 @@ class Bench:
         launcher = [str(self.launcher)]
         bare = self.runc_sample("nodev-bare", bundles.nodev_config, None)
         hooked = self.runc_sample("nodev-hook", bundles.nodev_config, self.hooks(launcher))
-        self.add(
-            Row(
-                "(1) `runc run`, no-device busybox container",
-                "bare runc",
-                paired(bare, hooked, self.reps),
-                1.35,
-            )
-        )
+        self.add(Row("(1) `runc run`, no-device busybox container", "bare runc",
+                     paired(bare, hooked, self.reps), 1.35))
         floor = self.runc_sample("nodev-floor", bundles.nodev_config, self.hooks(self.floor_cmd()))
-        self.add(
-            Row(
-                "(1f) floor: `python3 -ISB -c pass` as the hook, no-device container",
-                "bare runc",
-                paired(bare, floor, self.reps),
-            )
-        )
-        self.add(
-            Row(
-                "(1h) the hook against the floor, no-device container",
-                "runc + `python3 -ISB -c pass`",
-                paired(floor, hooked, self.reps),
-            )
-        )
+        self.add(Row("(1f) floor: `python3 -ISB -c pass` as the hook, no-device container", "bare runc",
+                     paired(bare, floor, self.reps)))
+        self.add(Row("(1h) the hook against the floor, no-device container", "runc + `python3 -ISB -c pass`",
+                     paired(floor, hooked, self.reps)))
 
     def slice_rows(self, version: int) -> None:
         launcher = [str(self.launcher)]
         bare = self.runc_sample(f"slice{version}-bare", bundles.slice_config, None)
         hooks = self.hooks(launcher + self.slice_args())
         hooked = self.runc_sample(f"slice{version}-hook", bundles.slice_config, hooks)
-        self.add(
-            Row(
-                f"(2) `runc run`, seed 000 slice pod (narrowed live, cgroup v{version})",
-                "bare runc",
-                paired(bare, hooked, self.reps),
-                2.0,
-            )
-        )
+        self.add(Row(f"(2) `runc run`, seed 000 slice pod (narrowed live, cgroup v{version})", "bare runc",
+                     paired(bare, hooked, self.reps), 2.0))
         floor = self.runc_sample(f"slice{version}-floor", bundles.slice_config, self.hooks(self.floor_cmd()))
-        self.add(
-            Row(
-                f"(2h) the hook against the floor, slice pod, cgroup v{version}",
-                "runc + `python3 -ISB -c pass`",
-                paired(floor, hooked, self.reps),
-            )
-        )
+        self.add(Row(f"(2h) the hook against the floor, slice pod, cgroup v{version}",
+                     "runc + `python3 -ISB -c pass`", paired(floor, hooked, self.reps)))
 
     def scale_rows(self) -> None:
         launcher = [str(self.launcher)]
-        for shape, label in (
-            ("8x7-mig", "8 GPUs x 7 MIG instances"),
-            ("64+224-mig", "64 GPUs + 224 MIG instances"),
-            ("254-gpus", "254 GPUs (every regular GPU minor)"),
-        ):
+        for shape, label in (("8x7-mig", "8 GPUs x 7 MIG instances"),
+                             ("64+224-mig", "64 GPUs + 224 MIG instances"),
+                             ("254-gpus", "254 GPUs (every regular GPU minor)")):
             root, spec = self.host(shape)
 
             def make(rootfs: Path, cgroups_path: str, spec: Any = spec) -> dict[str, Any]:
@@ -224,35 +180,22 @@ class Bench:
             bare = self.runc_sample(f"{shape}-bare", make, None)
             hooked = self.runc_sample(f"{shape}-hook", make, self.hooks(launcher + self.slice_args(root)))
             nodes = len(hosts.slice_devices(spec))
-            self.add(
-                Row(
-                    f"(5) `runc run`, slice pod on {label} ({nodes} nodes in linux.devices, cgroup v1)",
-                    "bare runc",
-                    paired(bare, hooked, max(5, self.reps // 2)),
-                    2.5,
-                )
-            )
+            self.add(Row(f"(5) `runc run`, slice pod on {label} ({nodes} nodes in linux.devices, cgroup v1)",
+                         "bare runc", paired(bare, hooked, max(5, self.reps // 2)), 2.5))
 
     def parallel_rows(self, n: int = 32) -> None:
         floor = self.parallel_sample("par-floor", self.hooks(self.floor_cmd()), n)
         hooked = self.parallel_sample("par-hook", self.hooks([str(self.launcher)]), n)
-        self.add(
-            Row(
-                f"(6) makespan of {n} no-device containers started in parallel",
-                "bare runc + `python3 -ISB -c pass` hook",
-                paired(floor, hooked, max(5, self.reps // 4), warmup=1),
-                1.3,
-            )
-        )
+        self.add(Row(f"(6) makespan of {n} no-device containers started in parallel",
+                     "bare runc + `python3 -ISB -c pass` hook", paired(floor, hooked, max(5, self.reps // 4),
+                                                                       warmup=1), 1.3))
 
     def wrapper_rows(self) -> None:
         """The spec-level runtime wrapper on the subcommands it passes straight to the runtime."""
         wrapper = REPO / "packaging" / "runtime"
         if not wrapper.exists():
-            self.notes.append(
-                "(7) the spec-level runtime wrapper (`packaging/runtime`) is not in this tree "
-                "yet: no row (target: <= 1.1x bare runc for every subcommand but `create`)."
-            )
+            self.notes.append("(7) the spec-level runtime wrapper (`packaging/runtime`) is not in this tree "
+                              "yet: no row (target: <= 1.1x bare runc for every subcommand but `create`).")
             print(f"bench: {self.notes[-1]}", file=sys.stderr)
             return
         conf = self.tmp / "wrapper.yaml"
@@ -263,14 +206,8 @@ class Bench:
         for sub in (["list"], ["features"], ["state", "odh-bench-none"]):
             bare = _proc_sample([RUNC, "--root", root, *sub], env)
             wrapped = _proc_sample([*run, "--root", root, *sub], env)
-            self.add(
-                Row(
-                    f"(7) runtime wrapper, `{' '.join(sub[:1])}` (passed straight to runc)",
-                    f"bare `runc {sub[0]}`",
-                    paired(bare, wrapped, self.reps),
-                    1.1,
-                )
-            )
+            self.add(Row(f"(7) runtime wrapper, `{' '.join(sub[:1])}` (passed straight to runc)",
+                         f"bare `runc {sub[0]}`", paired(bare, wrapped, self.reps), 1.1))
 
     def linear_checks(self) -> None:
         """Every step linear, judged by the Python calls made (work), not by time: on a small loaded
@@ -279,35 +216,25 @@ class Bench:
             self.host("64-gpus"), self.host("254-gpus"), self.tmp, self.reps
         )
         factor = 254 / 64
-        self.check(
-            "(5) linear: gather + decide + v1 effect check, 254 vs 64 GPUs (Python calls made)",
-            many <= few * factor * 1.1,
-            f"{few:,} -> {many:,} calls = {many / few:.2f}x for {factor:.2f}x the nodes (limit 1.1x "
-            f"linear); time {small * 1000:.2f} ms -> {large * 1000:.2f} ms",
-        )
+        self.check("(5) linear: gather + decide + v1 effect check, 254 vs 64 GPUs (Python calls made)",
+                   many <= few * factor * 1.1,
+                   f"{few:,} -> {many:,} calls = {many / few:.2f}x for {factor:.2f}x the nodes (limit 1.1x "
+                   f"linear); time {small * 1000:.2f} ms -> {large * 1000:.2f} ms")
         small, large = linearity.check_effect_times(256), linearity.check_effect_times(1024)
         few, many = linearity.check_effect_calls(256), linearity.check_effect_calls(1024)
-        self.check(
-            "(5) linear: `cgroup_v1.check_effect`, 1,024 vs 256 rules (Python calls made)",
-            many <= few * 4 * 1.1,
-            f"{few:,} -> {many:,} calls = {many / few:.2f}x for 4x the rules (limit 1.1x linear); "
-            f"time {small * 1000:.2f} ms -> {large * 1000:.2f} ms",
-        )
+        self.check("(5) linear: `cgroup_v1.check_effect`, 1,024 vs 256 rules (Python calls made)",
+                   many <= few * 4 * 1.1,
+                   f"{few:,} -> {many:,} calls = {many / few:.2f}x for 4x the rules (limit 1.1x linear); "
+                   f"time {small * 1000:.2f} ms -> {large * 1000:.2f} ms")
 
     def hook_alone_rows(self) -> None:
-        bundle = bundles.write_bundle(
-            self.tmp / "bundles" / "nodev-alone", bundles.nodev_config(self.rootfs, "/unused")
-        )
+        bundle = bundles.write_bundle(self.tmp / "bundles" / "nodev-alone",
+                                      bundles.nodev_config(self.rootfs, "/unused"))
         state = self.state_file("nodev", bundle)
         hook = timed_process([str(self.launcher)], state, "hook (no-device)")
         plain = timed_process(self.floor_cmd(), state, "python3 -ISB -c pass")
-        self.add(
-            Row(
-                "(3) hook process alone, no-device container (state on stdin)",
-                "`python3 -ISB -c pass`",
-                paired(plain, hook, self.reps),
-            )
-        )
+        self.add(Row("(3) hook process alone, no-device container (state on stdin)", "`python3 -ISB -c pass`",
+                     paired(plain, hook, self.reps)))
 
     def cdi_setup(self) -> dict[str, tuple[int, Path, Path, Path]]:
         """shape → (devices, spec dir, cache dir, state file) for the 10/1 and 1,000/50 shapes."""
@@ -325,19 +252,9 @@ class Bench:
     def cdi_cmd(self, spec_dir: Path, cache_dir: Path) -> list[str]:
         settings = cache_dir.parent / "settings.yaml"
         settings.write_text(f"log_file: {self.tmp / 'hook.log'}\ncache_dir: {cache_dir}\n")
-        return [
-            self.interp,
-            bundles.launcher_flags(self.launcher),
-            str(REPO / "bench" / "hookproc.py"),
-            str(self.lib),
-            str(self.tmp / "hookproc-cdi.jsonl"),
-            "--stub-apply",
-            "--",
-            "--config",
-            str(settings),
-            "--cdi-spec-dir",
-            str(spec_dir),
-        ]
+        return [self.interp, bundles.launcher_flags(self.launcher), str(REPO / "bench" / "hookproc.py"),
+                str(self.lib), str(self.tmp / "hookproc-cdi.jsonl"), "--stub-apply", "--",
+                "--config", str(settings), "--cdi-spec-dir", str(spec_dir)]
 
     def cdi_rows(self) -> None:
         shapes = self.cdi_setup()
@@ -355,9 +272,8 @@ class Bench:
             return once
 
         pair = paired(sample(small, False), sample(large, False), self.reps)
-        self.add(
-            Row(f"(4) hook process, CDI resolve, cached: {large_label}", f"cached: {small_label}", pair, 1.5)
-        )
+        self.add(Row(f"(4) hook process, CDI resolve, cached: {large_label}", f"cached: {small_label}",
+                     pair, 1.5))
 
     # ---- peak RSS and checks ----------------------------------------------------------------------
 
@@ -366,10 +282,8 @@ class Bench:
 
     def rss_measure(self, reps: int = 5) -> None:
         state = self.tmp / "state-nodev.json"
-        for label, cmd in (
-            ("`python3 -I -c pass`", [self.interp, "-I", "-c", "pass"]),
-            ("(3) hook, no-device container", [str(self.launcher)]),
-        ):
+        for label, cmd in (("`python3 -I -c pass`", [self.interp, "-I", "-c", "pass"]),
+                           ("(3) hook, no-device container", [str(self.launcher)])):
             out = self.tmp / f"rss-{uuid.uuid4().hex[:6]}"
             for _ in range(reps):
                 timed_process(self.rss_wrap(out, cmd), state, label)()
@@ -388,38 +302,22 @@ class Bench:
         out = self.tmp / "hookproc-nodev.jsonl"
         timed_process([*proc, str(out), "--"], self.tmp / "state-nodev.json", "hookproc nodev")()
         rec = _last(out)
-<<<<<<< HEAD
-        fast = rec["hook_modules"] == ["hook", "hook.entry"] and not rec["heavy_stdlib"]
-        self.check(
-            "(1)/(3) no-device: fast path (hook.entry only, no json/re/enum), no pynvml",
-            rec["rc"] == 0 and fast and not rec["pynvml"],
-            f"exit {rec['rc']}, {rec['new_modules']} modules loaded, hook modules "
-            f"{rec['hook_modules']}, heavy stdlib {rec['heavy_stdlib']}",
-        )
-=======
         fast = rec["hook_modules"] == ["hook", "hook.entry", "hook.fastpath"] and not rec["heavy_stdlib"]
         self.check("(1)/(3) no-device: fast path (entry + fastpath only, no json/re/enum), no pynvml",
                    rec["rc"] == 0 and fast and not rec["pynvml"],
                    f"exit {rec['rc']}, {rec['new_modules']} modules loaded, hook modules "
                    f"{rec['hook_modules']}, heavy stdlib {rec['heavy_stdlib']}")
->>>>>>> main
         out = self.tmp / "hookproc-slice.jsonl"
-        self.runc_sample(
-            "slice-nvml", bundles.slice_config, self.hooks([*proc, str(out), "--", *self.slice_args()])
-        )()
+        self.runc_sample("slice-nvml", bundles.slice_config,
+                         self.hooks([*proc, str(out), "--", *self.slice_args()]))()
         rec = _last(out)
-        self.check(
-            "(2) slice pod in runc: applied, container exit 0, no pynvml",
-            rec["rc"] == 0 and not rec["pynvml"],
-            f"exit {rec['rc']}, {rec['new_modules']} modules, {len(rec['hook_modules'])} hook modules",
-        )
+        self.check("(2) slice pod in runc: applied, container exit 0, no pynvml",
+                   rec["rc"] == 0 and not rec["pynvml"],
+                   f"exit {rec['rc']}, {rec['new_modules']} modules, {len(rec['hook_modules'])} hook modules")
         cdi = self.tmp / "hookproc-cdi.jsonl"
         for rec in _all(cdi)[-2:] if cdi.exists() else []:
-            self.check(
-                "(4) CDI resolve (last runs): no pynvml",
-                rec["rc"] == 0 and not rec["pynvml"],
-                f"exit {rec['rc']}, {rec['new_modules']} modules",
-            )
+            self.check("(4) CDI resolve (last runs): no pynvml", rec["rc"] == 0 and not rec["pynvml"],
+                       f"exit {rec['rc']}, {rec['new_modules']} modules")
 
     def check(self, label: str, ok: bool, detail: str) -> None:
         self.checks.append((label, ok, detail))
@@ -460,14 +358,8 @@ def _cmd(cmd: list[str]) -> str:
 
 
 def machine(interp: str) -> list[tuple[str, str]]:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
     cgroup = "v2 (unified)" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1 (hybrid/legacy)"
     return [
         ("kernel", _cmd(["uname", "-a"])),
@@ -479,10 +371,8 @@ def machine(interp: str) -> list[tuple[str, str]]:
 
 
 def table(rows: list[Row]) -> str:
-    lines = [
-        "| measurement | baseline | baseline median | hook median | ratio | target | result |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
-    ]
+    lines = ["| measurement | baseline | baseline median | hook median | ratio | target | result |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         unit = "ms" if r.pair.a_ms >= 1 else "µs"
         scale = 1 if unit == "ms" else 1000
@@ -500,31 +390,20 @@ def report(b: Bench, started: str, loads: tuple[str, str], elapsed: float) -> st
     checks = ["| check | result | detail |", "| --- | --- | --- |"]
     checks += [f"| {label} | {'PASS' if ok else '**FAIL**'} | {detail} |" for label, ok, detail in b.checks]
     info = [f"- {k}: `{v}`" for k, v in machine(b.interp)]
-    info.append(
-        f"- load average (1/5/15 min) at start / end: {loads[0]} / {loads[1]} (2 cores shared with "
-        "other work that is not stopped; pairing keeps each ratio fair, absolute times drift)"
-    )
-    info.append(
-        f"- date: {started}; {b.reps} paired repetitions per row (+2 warm-up; the scaling rows "
-        f"half as many, the parallel row a quarter); run took {elapsed:.0f} s"
-    )
+    info.append(f"- load average (1/5/15 min) at start / end: {loads[0]} / {loads[1]} (2 cores shared with "
+                "other work that is not stopped; pairing keeps each ratio fair, absolute times drift)")
+    info.append(f"- date: {started}; {b.reps} paired repetitions per row (+2 warm-up; the scaling rows "
+                f"half as many, the parallel row a quarter); run took {elapsed:.0f} s")
     floor = next((r for r in b.rows if r.label.startswith("(1f)")), None)
     nodev = next((r for r in b.rows if r.label.startswith("(1) ")), None)
     if floor is not None and nodev is not None and nodev.target and floor.pair.ratio > nodev.target:
-        b.notes.append(
-            "In this run the floor itself, a hook that only starts Python, took "
-            f"{floor.pair.ratio:.2f}x bare runc, above the no-device target ({nodev.target:g}x): "
-            "the machine's load (below) slows the CPU-bound Python start far more than "
-            "runc's own work."
-        )
+        b.notes.append("In this run the floor itself, a hook that only starts Python, took "
+                       f"{floor.pair.ratio:.2f}x bare runc, above the no-device target ({nodev.target:g}x): "
+                       "the machine's load (below) slows the CPU-bound Python start far more than "
+                       "runc's own work.")
     notes = "\n".join(f"- {n}" for n in b.notes)
-    return PAGE.format(
-        table=table(b.rows),
-        rss="\n".join(rss),
-        checks="\n".join(checks),
-        machine="\n".join(info),
-        notes=notes or "- (none)",
-    )
+    return PAGE.format(table=table(b.rows), rss="\n".join(rss), checks="\n".join(checks),
+                       machine="\n".join(info), notes=notes or "- (none)")
 
 
 PAGE = """# Performance on the container start path
@@ -597,18 +476,16 @@ machine's load cannot blur; their times are shown beside.
 
 def ensure_pyc(interp: str) -> None:
     """The package ships compiled bytecode and the launcher never writes any (-B): compile now."""
-    subprocess.run(
-        [interp, "-I", "-m", "compileall", "-q", str(REPO / "hook")], check=False, stdout=subprocess.DEVNULL
-    )
+    subprocess.run([interp, "-I", "-m", "compileall", "-q", str(REPO / "hook")], check=False,
+                   stdout=subprocess.DEVNULL)
 
 
 def hook_interpreter() -> str:
     first = (REPO / "packaging" / "launcher").read_text().partition("\n")[0]
     named = first[2:].split()[0] if first.startswith("#!") else ""
     if named and os.access(named, os.X_OK):
-        probe = subprocess.run(
-            [named, "-c", "import sys; print(sys.version_info >= (3, 11))"], capture_output=True, text=True
-        )
+        probe = subprocess.run([named, "-c", "import sys; print(sys.version_info >= (3, 11))"],
+                               capture_output=True, text=True)
         if probe.stdout.strip() == "True":
             return named
     return sys.executable
@@ -616,11 +493,8 @@ def hook_interpreter() -> str:
 
 def cleanup_cgroups() -> None:
     root = Path("/sys/fs/cgroup")
-    parents = (
-        [root / CGROUP_PARENT]
-        if (root / "cgroup.controllers").exists()
-        else [c / CGROUP_PARENT for c in root.iterdir()]
-    )
+    parents = [root / CGROUP_PARENT] if (root / "cgroup.controllers").exists() else [
+        c / CGROUP_PARENT for c in root.iterdir()]
     for parent in parents:
         if parent.is_dir():
             for child in parent.iterdir():
@@ -653,11 +527,8 @@ def enter_namespace(argv: list[str]) -> None:
         os.mkdir("/run/oci-device-hook", 0o755)
         return
     env = {**os.environ, NS_MARK: "1"}
-    os.execvpe(
-        "unshare",
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-m", "bench.main", *argv],
-        env,
-    )
+    os.execvpe("unshare", ["unshare", "-m", "--propagation", "private", sys.executable, "-m", "bench.main",
+                           *argv], env)
 
 
 def _load() -> str:
@@ -690,34 +561,19 @@ def main(argv: list[str] | None = None) -> int:
         make_host_tree(driver_root, "8x-mig")
         settings = tmp / "settings.yaml"
         settings.write_text(f"log_file: {tmp / 'hook.log'}\ncache_dir: {tmp / 'cache'}\n")
-        b = Bench(
-            tmp=tmp,
-            reps=args.reps,
-            interp=interp,
-            launcher=bundles.build_launcher(tmp / "libexec", interp),
-            rootfs=bundles.build_rootfs(tmp / "rootfs"),
-            driver_root=driver_root,
-            settings=settings,
-        )
+        b = Bench(tmp=tmp, reps=args.reps, interp=interp,
+                  launcher=bundles.build_launcher(tmp / "libexec", interp),
+                  rootfs=bundles.build_rootfs(tmp / "rootfs"), driver_root=driver_root, settings=settings)
 
         def v2() -> None:
             with cgroup2():
                 b.slice_rows(2)
 
-        steps = {
-            "nodev": b.nodev_rows,
-            "slice": lambda: b.slice_rows(1),
-            "slice-v2": v2,
-            "scale": b.scale_rows,
-            "parallel": b.parallel_rows,
-            "wrapper": b.wrapper_rows,
-            "wrapper-run": lambda: b.add_all(wrapper_rows(b, RUNC)),
-            "linear": b.linear_checks,
-            "alone": b.hook_alone_rows,
-            "cdi": b.cdi_rows,
-            "rss": b.rss_measure,
-            "nvml": b.nvml_checks,
-        }
+        steps = {"nodev": b.nodev_rows, "slice": lambda: b.slice_rows(1), "slice-v2": v2,
+                 "scale": b.scale_rows, "parallel": b.parallel_rows, "wrapper": b.wrapper_rows,
+                 "wrapper-run": lambda: b.add_all(wrapper_rows(b, RUNC)),
+                 "linear": b.linear_checks, "alone": b.hook_alone_rows, "cdi": b.cdi_rows,
+                 "rss": b.rss_measure, "nvml": b.nvml_checks}
         only = args.only.split(",") if args.only else list(steps)
         for name in only:
             s = time.perf_counter()

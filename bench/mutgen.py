@@ -161,7 +161,7 @@ def _expr_mutations(node: ast.AST) -> Iterator[tuple[str, ast.expr]]:
 
 
 def candidates(module: str, source: str) -> list[Mutant]:
-    """Every one-line mutant of ``source`` that compiles, in line order."""
+    """Every one-line mutant of ``source``, in line order (``compiles`` checks one)."""
     tree = ast.parse(source)
     skip = _skip_nodes(tree)
     lines = source.splitlines()
@@ -191,12 +191,19 @@ def candidates(module: str, source: str) -> list[Mutant]:
         if new == line or "\t" in line or "\t" in new or line.startswith(("def ", "class ", "@")):
             continue
         occurrence = sum(1 for other in lines[: n + 1] if other.strip() == line)
-        try:
-            compile("\n".join([*lines[:n], reindent(lines[n], new), *lines[n + 1 :]]), module, "exec")
-        except SyntaxError:
-            continue
         out.append(Mutant("", module, occurrence, line, new, op))
     return out
+
+
+def compiles(source: str, m: Mutant) -> bool:
+    applied = apply(source, m)
+    if applied is None:
+        return False
+    try:
+        compile(applied[0], m.module, "exec")
+    except SyntaxError:
+        return False
+    return True
 
 
 def reindent(original: str, new: str) -> str:
@@ -213,11 +220,17 @@ def sample(
     for module in modules(root):
         if only and not any(module.startswith(p) for p in only):
             continue
-        cands = candidates(module, (root / module).read_text())
+        source = (root / module).read_text()
+        cands = candidates(module, source)
         k = safety_per_module if is_safety(module) else per_module
-        rng = random.Random(f"{seed}:{module}")
-        picked = sorted(rng.sample(range(len(cands)), min(k, len(cands))))
-        out += [cands[i] for i in picked]
+        order = random.Random(f"{seed}:{module}").sample(range(len(cands)), len(cands))
+        picked: list[int] = []
+        for i in order:
+            if len(picked) == k:
+                break
+            if compiles(source, cands[i]):
+                picked.append(i)
+        out += [cands[i] for i in sorted(picked)]
     return [
         Mutant(f"s{seed}-{i:03d}", m.module, m.occurrence, m.line, m.new, m.origin)
         for i, m in enumerate(out, 1)
