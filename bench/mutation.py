@@ -70,14 +70,24 @@ class Runner:
         self.durations: dict[str, float] = {}
         self.stamp = 0
 
-    def subset(self, m: Mutant, lineno: int) -> list[str] | None:
-        """The test ids that executed the mutant's statement, cheapest file first; None: all."""
+    def subset(self, m: Mutant, lineno: int) -> tuple[list[str], str]:
+        """The tests to run, cheapest file first, and "subset" or "full".
+
+        "subset": the test ids that executed the mutant's statement. "full": its line also ran
+        outside any test (module level, at collection), so every test of the suite runs, those
+        that executed it first."""
         lines = self.cover.get(m.module, {})
         source = (self.box.tree / m.module).read_text()
         stmt = mutcov.statement_lines(source).get(lineno, lineno)
         ids = set(lines.get(stmt, [])) | set(lines.get(lineno, []))
-        if "" in ids:
-            return None
+        whole = "" in ids
+        ids.discard("")
+        first = self._cheapest(ids)
+        if not whole:
+            return first, "subset"
+        return first + self._cheapest(set(self.durations) - ids), "full"
+
+    def _cheapest(self, ids: set[str]) -> list[str]:
         files: dict[str, list[str]] = {}
         for t in sorted(ids):
             files.setdefault(t.split("::")[0], []).append(t)
@@ -91,20 +101,24 @@ class Runner:
             return Result(m, "stale", 0.0)
         lineno = saved[1]
         try:
-            ids = None if full else self.subset(m, lineno)
-            if ids is not None and not ids:
-                out, how = Outcome(0, 0.0, "", ""), "subset"
-            elif ids is None:
-                out, how = self._pytest([], None, limit or 60 + 3 * self.full_seconds), "full"
+            if full:
+                ids, how = [*self.durations], "full"
+                if not ids:  # --full: no coverage run, the suite in its own order
+                    out = self._pytest([], None, limit or 60 + 3 * self.full_seconds)
             else:
+                ids, how = self.subset(m, lineno)
+            if ids:
                 secs = sum(self.durations.get(t, 1.0) for t in ids)
-                out, how = self._pytest(sorted({t.split("::")[0] for t in ids}), ids, 60 + 3 * secs), "subset"
+                paths = ["tests"] if how == "full" else sorted({t.split("::")[0] for t in ids})
+                out = self._pytest(paths, ids, 60 + 3 * secs)
+            elif how == "subset":
+                out = Outcome(0, 0.0, "", "")  # no test executes this line
         finally:
             self.box.restore(m, saved)
         status = "timeout" if out.rc == -1 else "survived" if out.rc == 0 else "killed"
         if out.rc in (2, 3, 4):  # interrupted, internal error, usage error: not a kill
             raise SystemExit(f"bench/mutate: pytest exited {out.rc} on {m.ident}:\n{out.tail}")
-        return Result(m, status, out.seconds, lineno, out.killer, len(ids or ()), how)
+        return Result(m, status, out.seconds, lineno, out.killer, len(ids), how)
 
     def _pytest(self, paths: Sequence[str], ids: Sequence[str] | None, timeout: float) -> Outcome:
         env = self.box.env()
@@ -255,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, help="sample seed (default: a fresh one, printed)")
     ap.add_argument("--per-module", type=int, default=4, help="mutants per module (default %(default)s)")
     ap.add_argument("--safety", type=int, default=12, help="mutants per safety module (default %(default)s)")
-    ap.add_argument("--only", action="append", default=[], help="modules with this path prefix")
+    ap.add_argument(
+        "--only", action="append", default=[], help="modules (or --hand/--claims ids) with this prefix"
+    )
     ap.add_argument("--hand", action="store_true", help="run bench/mutants.tsv (hand mutants) instead")
     ap.add_argument("--claims", action="store_true", help="re-check bench/equivalent.tsv on the whole suite")
     ap.add_argument("--full", action="store_true", help="whole suite for every mutant (no coverage subsets)")
@@ -282,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         mutants = sample(REPO, seed, args.per_module, args.safety, args.only)
         share = f"{args.safety} per safety module, {args.per_module} per other module"
         source = f"a fresh sample, seed {seed} ({share})"
+    if args.only and (args.hand or args.claims):
+        mutants = [
+            m for m in mutants if any(m.ident.startswith(p) or m.module.startswith(p) for p in args.only)
+        ]
     print(f"bench/mutate: {len(mutants)} mutants from {source}", flush=True)
     marks = ([] if args.with_deb else NOT_DEB) + list(args.tests)
     started = time.monotonic()
