@@ -46,6 +46,7 @@ HAND = REPO / "bench" / "mutants.tsv"
 CLAIMS = REPO / "bench" / "equivalent.tsv"
 DOC = REPO / "docs" / "testing.md"
 BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
+Claims = dict[tuple[str, int, str, str], str]  # (module, occurrence, line, new) -> reason
 CANARY = Mutant("canary", "hook/__main__.py", 1, "run()", "raise SystemExit(97)", "canary")
 NOT_DEB = ["-m", "not installs_package"]
 
@@ -175,7 +176,7 @@ def _group(module: str) -> str:
     return "hook/apply/*" if module.startswith("hook/apply/") else module
 
 
-def report(results: Sequence[Result], header: Sequence[str], claims: dict[tuple[str, str, str], str]) -> str:
+def report(results: Sequence[Result], header: Sequence[str], claims: Claims) -> str:
     counted = [
         r for r in results if r.status in ("killed", "survived", "timeout") and r.mutant.origin != "canary"
     ]
@@ -205,7 +206,7 @@ def report(results: Sequence[Result], header: Sequence[str], claims: dict[tuple[
     lines += ["", f"Survivors ({len(surv)}; each survived the whole suite unless marked):", ""]
     for r in surv:
         m = r.mutant
-        claim = claims.get((m.module, m.line, m.new))
+        claim = claims.get((m.module, m.occurrence, m.line, m.new))
         note = f" — claimed equivalent: {claim}" if claim else ""
         unconfirmed = "" if "full" in r.how else " (subset only, not re-run on the whole suite)"
         lines.append(
@@ -235,13 +236,13 @@ def write_doc(text: str) -> None:
     DOC.write_text(head + text + rest.split(END, 1)[1])
 
 
-def read_claims() -> dict[tuple[str, str, str], str]:
+def read_claims() -> Claims:
     out = {}
     if CLAIMS.exists():
         for raw in CLAIMS.read_text().splitlines():
             if raw.strip() and not raw.startswith("#"):
-                module, _occ, line, new, reason = raw.split("\t")[:5]
-                out[(module, line, new)] = reason
+                module, occ, line, new, reason = raw.split("\t")[:5]
+                out[(module, int(occ), line, new)] = reason
     return out
 
 

@@ -140,3 +140,12 @@ def test_python_m_hook_entry_runs_the_hook() -> None:
     )
     assert (res.returncode, res.stderr) == (0, b"")
     assert res.stdout.startswith(b"hook (oci-device-hook) ")
+
+
+def test_two_stage_words_are_the_clis_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24 (fresh mutant s530669-052, ``len(positional) > 2``): ``hook prestart poststop`` is
+    not a live run of either stage: the CLI's usage error, before stdin is read."""
+    assert hook.entry._split(["prestart"]) == ({}, ["prestart"])
+    assert hook.entry._split(["prestart", "poststop"]) is None
+    assert hook.entry.main(["prestart", "poststop"]) == 2
+    assert "Usage: hook" in capsys.readouterr().err
