@@ -539,3 +539,22 @@ def test_text_format_renders_the_decision(tmp_path: Path, capsys) -> None:
     assert "  deny  c 195:0 rwm" in lines
     assert "remove    /dev/nvidia7" in lines
     assert "remove    /dev/nvidia1" not in lines
+
+
+@pytest.mark.parametrize(("n", "tail"), [(4, "gpu=3 (s)"), (5, "gpu=3 (s) and 1 more")])
+def test_allocation_names_list_four_then_count_the_rest(n: int, tail: str) -> None:
+    """Issue 24 (fresh mutant s530669-085, ``> 3``): a reason names up to four allocated devices;
+    exactly four never ends in "and 0 more"."""
+    from hook.decide import _allocation_names
+    from hook.requests import DeviceRequest, Kind, Requests
+
+    reqs = Requests(
+        items=tuple(
+            DeviceRequest(source="s", value=f"nvidia.com/gpu={i}", kind=Kind.CDI, from_plugin=True)
+            for i in range(n)
+        ),
+        evidence=(),
+        warnings=(),
+        driver_capabilities="",
+    )
+    assert _allocation_names(reqs).endswith(tail)

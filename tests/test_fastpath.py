@@ -168,3 +168,13 @@ def test_an_internal_error_of_the_full_path_is_one_escaped_line_and_exit_1(
     err = capsys.readouterr().err
     assert err.startswith("oci-device-hook: internal error: RuntimeError: bad ")
     assert err.count("\n") == 1 and "\x1b" not in err
+
+
+@pytest.mark.parametrize("stdin", [b"{oops", b'{"linux": {"resources": {"devices": 5}}}', b"\xff"])
+def test_precreate_fast_path_never_passes_on_a_config_it_cannot_read(stdin: bytes, tmp_path: Path) -> None:
+    """Issue 24 (fresh mutant s530669-070, ``return True`` on a decode error): ``hook precreate``
+    may only pass a config on untouched when it read it; anything else goes to the full path,
+    which names the file and field."""
+    opts = {"--config": [str(tmp_path / "absent.yaml")]}
+    assert hook.fastpath.precreate_fast(opts, b'{"ociVersion": "1.0.2"}') is True  # the control
+    assert hook.fastpath.precreate_fast(opts, stdin) is False

@@ -92,3 +92,18 @@ def test_without_host_mount_nothing_changes(tmp_path: Path, capsys: pytest.Captu
 def test_reject_refuses_a_host_dev_pod(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, rep, _ = decide_for(tmp_path, slice_pod([HOST_DEV]), capsys, privileged_allocation="reject")
     assert rc == 3 and rep["verdict"] == "deny"
+
+
+def test_host_dev_warning_counts_the_node_changes_it_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24 (fresh mutant s530669-083, the count started at 1): the warning's number is the
+    node changes the plan would have made in the container's own /dev."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "host").mkdir()
+    _rc, plain, _ = decide_for(tmp_path / "plain", slice_pod([]), capsys)
+    changes = len(plain["nodes"]["create"]) + len(plain["nodes"]["remove"])
+    assert changes > 0
+    _rc, rep, _ = decide_for(tmp_path / "host", slice_pod([HOST_DEV]), capsys)
+    want = f"cgroup-only, {changes} node(s) left as they are"
+    assert any(want in w for w in rep["warnings"]), rep["warnings"]

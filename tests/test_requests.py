@@ -379,3 +379,17 @@ def test_is_privileged(rules: list[dict[str, object]], privileged: bool) -> None
 )
 def test_is_accelerator(path: str, accel: bool) -> None:
     assert is_accelerator(path, Settings().accelerator_nodes) is accel
+
+
+def test_checkpoint_cdi_annotations_strategy_names_each_device() -> None:
+    """Issue 24 (fresh mutant s530669-072, ``"=" not in n``): the plugin's cdi-annotations answer
+    (``AllocateResponse.annotations``) lists CDI names; blank or nameless items are skipped."""
+    resp = alloc_resp(
+        annotations={"cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=1, ,nvidia.com/gpu=3"}
+    )
+    reqs = collect_from(
+        config(annotations=POD_ANNOTATIONS), entries=[checkpoint_entry("nvidia.com/gpu", ["GPU-b"], resp)]
+    )
+    src = "kubelet-checkpoint:nvidia.com/gpu"
+    cdi = [(s, v, k, p) for s, v, k, p in items(reqs) if k == "cdi"]
+    assert cdi == [(src, "nvidia.com/gpu=1", "cdi", True), (src, "nvidia.com/gpu=3", "cdi", True)]
