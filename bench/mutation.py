@@ -285,6 +285,18 @@ def read_log(path: Path) -> list[Result]:
     return list(out.values())
 
 
+def _stop_cleanly() -> None:
+    """SIGTERM and SIGINT (even when started in the background, where SIGINT is ignored) unwind
+    like Ctrl-C: the running tests are stopped and the mutated module restored in the copy."""
+    import signal
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/mutate", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seed", type=int, help="sample seed (default: a fresh one, printed)")
@@ -319,28 +331,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_doc(text)
         return 0
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
+    _stop_cleanly()
+    started = time.monotonic()
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="odh-mutate-"))
+    box = Sandbox(work)
+    if not box.tree.exists():
+        box.create()
+        (work / "commit").write_text(_commit())
+    box.check_install()
+    # The mutants come from the copy, the tree the tests run (a reused --workdir may be older).
+    commit = (work / "commit").read_text().strip() if (work / "commit").exists() else "unrecorded"
     if args.claims:
         mutants, source = claim_mutants(), "the claims in `bench/equivalent.tsv`"
     elif args.hand:
         mutants, source = read_tsv(HAND), "`bench/mutants.tsv` (hand mutants)"
     else:
-        mutants = sample(REPO, seed, args.per_module, args.safety, args.only)
+        mutants = sample(box.tree, seed, args.per_module, args.safety, args.only)
         share = f"{args.safety} per safety module, {args.per_module} per other module"
         source = f"a fresh sample, seed {seed} ({share})"
     if args.only and (args.hand or args.claims):
         mutants = [
             m for m in mutants if any(m.ident.startswith(p) or m.module.startswith(p) for p in args.only)
         ]
-    print(f"bench/mutate: {len(mutants)} mutants from {source}", flush=True)
+    print(f"bench/mutate: {len(mutants)} mutants from {source}, copy of {commit}", flush=True)
     marks = ([] if args.with_deb else NOT_DEB) + list(args.tests)
-    started = time.monotonic()
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    commit = _commit()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="odh-mutate-"))
-    box = Sandbox(work)
-    if not box.tree.exists():
-        box.create()
-    box.check_install()
     log = args.log or work / "results.tsv"
     full_mode = args.full or args.claims
     cache = work / "coverage.json"

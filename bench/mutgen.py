@@ -215,11 +215,10 @@ def sample(
 ) -> list[Mutant]:
     """``per_module`` random candidates of each module (``safety_per_module`` for the safety
     ones), drawn with ``random.Random(f"{seed}:{module}")``: adding a module does not change
-    another module's draw. Ids are ``<seed>-<n>`` in run order (safety modules first)."""
+    another module's draw. Ids are ``s<seed>-<n>`` in run order (safety modules first) over the
+    whole sample, so ``only`` (module prefixes) picks a part without renumbering it."""
     out: list[Mutant] = []
     for module in modules(root):
-        if only and not any(module.startswith(p) for p in only):
-            continue
         source = (root / module).read_text()
         cands = candidates(module, source)
         k = safety_per_module if is_safety(module) else per_module
@@ -231,10 +230,11 @@ def sample(
             if compiles(source, cands[i]):
                 picked.append(i)
         out += [cands[i] for i in sorted(picked)]
-    return [
+    numbered = [
         Mutant(f"s{seed}-{i:03d}", m.module, m.occurrence, m.line, m.new, m.origin)
         for i, m in enumerate(out, 1)
     ]
+    return [m for m in numbered if not only or any(m.module.startswith(p) for p in only)]
 
 
 def apply(source: str, m: Mutant) -> tuple[str, int] | None:

@@ -105,6 +105,9 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             _stop(proc)
             out, rc = b"", -1
+        except BaseException:  # stopped (SIGTERM/SIGINT): the tests go too, the caller restores
+            _stop(proc)
+            raise
         text = out.decode(errors="replace")
         killer = next(
             (
