@@ -54,7 +54,7 @@ NOT_DEB = ["-m", "not installs_package"]
 @dataclass(frozen=True, slots=True)
 class Result:
     mutant: Mutant
-    status: str  # killed | timeout | survived | stale
+    status: str  # killed | timeout | survived | flaky (the killer passed alone) | stale
     seconds: float
     lineno: int = 0
     killer: str = ""  # the first failing test id
@@ -114,9 +114,15 @@ class Runner:
                 out = self._pytest(paths, ids, 60 + 3 * secs)
             elif how == "subset":
                 out = Outcome(0, 0.0, "", "")  # no test executes this line
+            status = "timeout" if out.rc == -1 else "survived" if out.rc == 0 else "killed"
+            if status == "killed" and out.killer:
+                # A kill counts only if the killing test fails again, alone, on the same mutant:
+                # on a loaded machine a live test can fail by timing, and that is no kill.
+                again = self._pytest([out.killer.split("::")[0]], [out.killer], 600)
+                if again.rc == 0:
+                    status = "flaky"
         finally:
             self.box.restore(m, saved)
-        status = "timeout" if out.rc == -1 else "survived" if out.rc == 0 else "killed"
         if out.rc in (2, 3, 4):  # interrupted, internal error, usage error: not a kill
             raise SystemExit(f"bench/mutate: pytest exited {out.rc} on {m.ident}:\n{out.tail}")
         return Result(m, status, out.seconds, lineno, out.killer, len(ids), how)
@@ -178,7 +184,9 @@ def _group(module: str) -> str:
 
 def report(results: Sequence[Result], header: Sequence[str], claims: Claims) -> str:
     counted = [
-        r for r in results if r.status in ("killed", "survived", "timeout") and r.mutant.origin != "canary"
+        r
+        for r in results
+        if r.status in ("killed", "survived", "timeout", "flaky") and r.mutant.origin != "canary"
     ]
     groups: dict[str, list[Result]] = {}
     for r in counted:
@@ -186,7 +194,7 @@ def report(results: Sequence[Result], header: Sequence[str], claims: Claims) -> 
 
     def claimed(r: Result) -> bool:
         m = r.mutant
-        return r.status == "survived" and (m.module, m.occurrence, m.line, m.new) in claims
+        return r.status in ("survived", "flaky") and (m.module, m.occurrence, m.line, m.new) in claims
 
     def row(name: str, rs: Sequence[Result], safety: bool = False) -> str:
         k = sum(r.status == "killed" for r in rs)
@@ -209,13 +217,15 @@ def report(results: Sequence[Result], header: Sequence[str], claims: Claims) -> 
     lines += [row(f"`{g}`", groups[g], is_safety(g.rstrip("*"))) for g in names]
     lines.append(row("**safety modules**", [r for r in counted if is_safety(r.mutant.module)]))
     lines.append(row("**all**", counted))
-    surv = [r for r in counted if r.status == "survived"]
+    surv = [r for r in counted if r.status in ("survived", "flaky")]
     lines += ["", f"Survivors ({len(surv)}; each survived the whole suite unless marked):", ""]
     for r in surv:
         m = r.mutant
         claim = claims.get((m.module, m.occurrence, m.line, m.new))
         note = f" — claimed equivalent: {claim}" if claim else ""
         unconfirmed = "" if "full" in r.how else " (subset only, not re-run on the whole suite)"
+        if r.status == "flaky":
+            unconfirmed = f" (its subset failed at `{r.killer}`, which passed alone on the mutant: no kill)"
         lines.append(
             f"- `{m.ident}` `{m.module}:{r.lineno}` ({m.origin}): `{m.line}` → `{m.new}`{unconfirmed}{note}"
         )
@@ -317,7 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--confirm-minutes", type=float, default=1e9, help="time for re-running survivors")
     ap.add_argument("--workdir", type=Path, help="keep the copy, venv and coverage here (reused if present)")
     ap.add_argument("--log", type=Path, help="one TSV line per result (default: <workdir>/results.tsv)")
-    ap.add_argument("--report", type=Path, metavar="LOG", help="re-render the report of a results log")
+    ap.add_argument(
+        "--report", type=Path, action="append", metavar="LOG", help="re-render the report of results logs"
+    )
     ap.add_argument("--header", default="", help="with --report: the run's description line")
     ap.add_argument(
         "--no-doc", action="store_true", help="print the report instead of writing docs/testing.md"
@@ -325,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.report:
-        text = report(read_log(args.report), [args.header], read_claims())
+        text = report([r for log in args.report for r in read_log(log)], [args.header], read_claims())
         print(text)
         if not args.no_doc:
             write_doc(text)
