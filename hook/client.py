@@ -27,6 +27,7 @@ SOCKET_NAME = "decider.sock"
 MAGIC = b"oci-device-hook"
 PROTOCOL = b"1"
 DECIDE_TIMEOUT = 0.4  # connect, send and "ready" (or an answer) all within this; else in-process
+TIMEOUT_ENV = "OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS"  # the hook's environment may set 50..5000
 APPLY_TIMEOUT = 20.0  # after "go": the decider applies; silence this long refuses the container
 MAX_FRAME = 4 << 20
 REQUEST, STATE, DECLINE, READY, GO, ANSWER, STATUS = b"Q", b"S", b"D", b"R", b"G", b"A", b"T"
@@ -94,14 +95,15 @@ def ask(stage: str, opts: dict[str, list[str]], stdin: bytes, pid: int | None) -
     import _socket
     import time
 
-    deadline = time.monotonic() + DECIDE_TIMEOUT
+    limit = decide_timeout()
+    deadline = time.monotonic() + limit
     pidfd = -1
     sock: object = None
     try:
         try:
             if pid is not None:
                 pidfd = os.pidfd_open(pid)
-            sock = _connect(DECIDE_TIMEOUT)
+            sock = _connect(limit)
         except FileNotFoundError:
             return ""  # no decider on this node: not a failure, nothing to warn about
         except ProcessLookupError:
@@ -129,7 +131,7 @@ def ask(stage: str, opts: dict[str, list[str]], stdin: bytes, pid: int | None) -
                 sock.sendall(frame(GO, b""))  # type: ignore[attr-defined]
                 break
         except TimeoutError:
-            return f"no answer within {int(DECIDE_TIMEOUT * 1000)} ms"
+            return f"no answer within {int(limit * 1000)} ms"
         except (OSError, ValueError) as exc:
             return _why(exc)
         try:  # committed: the decider applies; only its answer (or a refusal) ends this container
@@ -148,6 +150,14 @@ def ask(stage: str, opts: dict[str, list[str]], stdin: bytes, pid: int | None) -
             os.close(pidfd)
 
 
+def decide_timeout() -> float:
+    """``DECIDE_TIMEOUT``, or the hook's ``OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS`` within 50..5000 ms."""
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    if raw.isdigit():
+        return min(max(int(raw), 50), 5000) / 1000
+    return DECIDE_TIMEOUT
+
+
 def _answer(body: bytes) -> tuple[int, bytes] | str:
     rc, sep, err = body.partition(b"\0")
     if not sep or not rc.isdigit() or len(rc) > 3:
@@ -157,7 +167,7 @@ def _answer(body: bytes) -> tuple[int, bytes] | str:
 
 def _why(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
-        return f"no answer within {int(DECIDE_TIMEOUT * 1000)} ms"
+        return f"no answer within {int(decide_timeout() * 1000)} ms"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return text
 

@@ -180,7 +180,10 @@ def _served(stage: str, opts: dict[str, list[str]], stdin: bytes) -> int | str:
     try:
         got = ask(stage, opts, stdin, pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
     except Refused as exc:
-        sys.stderr.write(f"oci-device-hook: the decider ended while applying ({exc}): container refused\n")
+        from hook.client import SOCKET_DIR, SOCKET_NAME
+
+        where = f"{SOCKET_DIR}/{SOCKET_NAME}"
+        sys.stderr.write(f"oci-device-hook: {where}: the decider ended while applying ({exc}): refused\n")
         return 1
     if isinstance(got, str):
         return got

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from tests.live.livekit import RUNC, Bundle, RunResult, _quote, private_host, runc_command
 
+SOCKET = "/run/oci-device-hook/decider.sock"
+WAIT = f"i=0; while [ ! -S {SOCKET} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
 STATUS = (
     "import json, sys; from hook import client; s = client.status(); "
     "print(json.dumps(s if isinstance(s, dict) else {'error': s}))"
@@ -30,7 +32,7 @@ def with_decider(
     status = " ".join(map(_quote, [sys.executable, "-I", "-c", STATUS]))
     script = (
         f"{serve} 2>{_quote(str(out))}.err & d=$!\n"
-        "i=0; while [ ! -S /run/oci-device-hook/decider.sock ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
+        f"{WAIT}\n"
         + "".join(f"{line}\n" for line in extra)
         + '"$@" </dev/null; rc=$?\n'
         f"{status} > {_quote(str(out))}\n"
