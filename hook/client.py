@@ -111,8 +111,9 @@ def ask(stage: str, opts: dict[str, list[str]], stdin: bytes, pid: int | None) -
         except (OSError, ValueError) as exc:
             return _why(exc)
         payload = frame(REQUEST, encode_opts(stage, opts)) + frame(STATE, stdin)
-        rights = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, pidfd.to_bytes(4, sys.byteorder))
-        fds = [rights] if pidfd >= 0 else []
+        fds = []
+        if pidfd >= 0:
+            fds.append((_socket.SOL_SOCKET, _socket.SCM_RIGHTS, pidfd.to_bytes(4, sys.byteorder)))
         try:
             sent = sock.sendmsg([payload], fds)  # type: ignore[attr-defined]
             if sent < len(payload):

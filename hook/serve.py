@@ -191,8 +191,14 @@ class Decider:
 
     def run(self) -> None:
         assert self._sock is not None
+        sock = self._sock
         while True:
-            conn, _ = self._sock.accept()
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                if sock.fileno() < 0:
+                    return  # closed: stopping
+                raise
             if not self._slots.acquire(blocking=False):
                 self._decline(conn, "busy")
                 conn.close()
@@ -212,6 +218,8 @@ class Decider:
         try:
             with conn:
                 self._handle(conn)
+        except (OSError, ValueError):
+            pass  # the client left or sent garbage: it decides in-process, nothing to do here
         except Exception as exc:  # a worker never takes the decider down
             sys.stderr.write(f"oci-device-hook serve: request failed: {type(exc).__name__}: {exc}\n")
         finally:
