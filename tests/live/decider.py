@@ -31,12 +31,14 @@ def with_decider(
     serve = " ".join(map(_quote, [*serve_wrap, sys.executable, "-I", "-m", "hook", "serve"]))
     status = " ".join(map(_quote, [sys.executable, "-I", "-c", STATUS]))
     script = (
-        f"{serve} 2>{_quote(str(out))}.err & d=$!\n"
+        f"{serve} >/dev/null 2>{_quote(str(out))}.err & d=$!\n"
         f"{WAIT}\n"
         + "".join(f"{line}\n" for line in extra)
         + '"$@" </dev/null; rc=$?\n'
         f"{status} > {_quote(str(out))}\n"
-        "kill $d 2>/dev/null; wait $d\n"
+        # the decider itself too: under strace, $d is strace, which leaves it running when it goes
+        f"p=$(sed -n 's/.*\"pid\": \\([0-9]*\\).*/\\1/p' {_quote(str(out))})\n"
+        "kill $d $p 2>/dev/null; wait $d\n"
         "exit $rc\n"
     )
     return ["sh", "-c", script, "with-decider", *cmd]
