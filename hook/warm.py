@@ -43,7 +43,10 @@ def enabled() -> bool:
 
 
 def identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
-    """``(dev, inode, size, mtime_ns)`` of ``path`` (followed), or None when it cannot be stat'ed."""
+    """``(dev, inode, size, mtime_ns)`` of ``path`` (followed), or None when it cannot be stat'ed
+    (always None while off: the per-start hook makes no extra syscall for a key it never uses)."""
+    if not _on:
+        return None
     try:
         st = os.stat(path)
     except (OSError, ValueError):

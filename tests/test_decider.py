@@ -346,7 +346,8 @@ def warm_on() -> Iterator[None]:
     warm.enable(False)
 
 
-def test_warm_is_off_unless_enabled() -> None:
+def test_warm_is_off_unless_enabled(tmp_path: Path) -> None:
+    assert warm.identity(tmp_path) is None  # no stat while off
     calls = []
     for _ in range(2):
         warm.remembered("slot", 1, lambda: calls.append(1))

@@ -111,7 +111,21 @@ def _cached_minors(cache_dir: Path, key: list[object]) -> MigMinors | None:
 def _mig_minors(
     driver_root: Path, cache_dir: Path | None, key: list[object] | None
 ) -> tuple[MigMinors | None, str]:
-    """mig-minors from the cache when its key matches, else parsed from /proc (and cached if clean)."""
+    """mig-minors from the cache when its key matches, else parsed from /proc (and cached if clean).
+
+    The decider keeps the table under the same key (``hook.warm``): one driver build in one boot.
+    """
+    if key is not None:
+        from hook import warm
+
+        slot = ("mig-minors", str(driver_root), str(cache_dir))
+        return warm.remembered(slot, json.dumps(key), lambda: _minors_now(driver_root, cache_dir, key))
+    return _minors_now(driver_root, cache_dir, key)
+
+
+def _minors_now(
+    driver_root: Path, cache_dir: Path | None, key: list[object] | None
+) -> tuple[MigMinors | None, str]:
     if cache_dir is not None and key is not None:
         cached = _cached_minors(cache_dir, key)
         if cached is not None:
