@@ -346,7 +346,7 @@ def _preload() -> None:
         "hook.cdi.registry", "hook.cdi.edits", "hook.cdi.hostnodes", "hook.nvidia.inventory",
         "hook.nvidia.ids", "hook.nvidia.nodes", "hook.nvidia.dri", "hook.apply.locate",
         "hook.apply.transaction", "hook.apply.cgroup_v1", "hook.apply.cgroup_v2", "hook.apply.devnodes",
-        "hook.apply.bpf", "hook.cachefile", "hook.escape",
+        "hook.apply.bpf", "hook.cachefile", "hook.escape", "hook.checkpoint", "hook.dra",
     ):  # fmt: skip
         with _suppress(ImportError):  # an optional part missing here: the request that needs it says so
             importlib.import_module(name)
