@@ -155,14 +155,13 @@ _inverse: list[tuple[MigMinors, dict[int, str]]] = []  # the last table's minor 
 
 
 def _by_minor(minors: MigMinors) -> dict[int, str]:
-    """minor -> name of ``minors`` (the first name for a minor listed twice, as before); the last
-    one is kept, so a resident decider inverts the (kept) table once, not per decision."""
+    """minor -> name of ``minors`` (the last name for a minor listed twice, as the inversion by
+    dict display always gave); the last table's is kept, so a resident decider inverts its
+    (kept) table once, not per decision."""
     held = _inverse[0] if _inverse else None
     if held is not None and held[0] is minors:
         return held[1]
-    inverse: dict[int, str] = {}
-    for name, minor in minors.by_name.items():
-        inverse.setdefault(minor, name)
+    inverse = {minor: name for name, minor in minors.by_name.items()}
     _inverse[:] = [(minors, inverse)]
     return inverse
 
