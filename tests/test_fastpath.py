@@ -158,7 +158,7 @@ def test_an_internal_error_of_the_full_path_is_one_escaped_line_and_exit_1(
     reason): an unexpected exception on the full path is one line naming its type, escaped."""
     import hook.live
 
-    def boom(opts: object, stdin: bytes) -> int:
+    def boom(opts: object, stdin: bytes, session: object = None) -> int:
         raise RuntimeError("bad \x1b[2J value\nsecond line")
 
     monkeypatch.setattr(hook.entry, "read_limited", lambda fd, limit: b"{}")
