@@ -212,3 +212,44 @@ def test_a_second_close_leaves_reused_descriptor_numbers_alone(scratch_cgroup: P
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_no_rules_change_nothing(runtime_cgroup) -> None:
+    """Issue 24 (fresh mutant s530669-124): with no rules nothing is attached and ``changed`` is
+    False (the transaction then has nothing of ours to undo or report)."""
+    path, runtime_id = runtime_cgroup
+    cg = CgroupV2(path)
+    applied = cg.apply([])
+    cg.close()
+    assert not applied.changed and applied.old_ids == applied.new_ids == (runtime_id,)
+    assert _ids(path) == (runtime_id,)
+
+
+def test_a_failed_rollback_is_raised_and_noted_on_the_apply_error(
+    runtime_cgroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 (fresh mutants s530669-127, -129): when putting the original program back fails,
+    ``rollback`` raises it, and a failed apply carries it as a note (the log line says both)."""
+    path, runtime_id = runtime_cgroup
+    real_query, real_attach, seen = bpf_sys.query_device_programs, bpf_sys.attach, []
+
+    def lying(fd: int, tries: int = 8) -> bpf_sys.Attached:
+        seen.append(1)
+        got = real_query(fd, tries)
+        return got if len(seen) == 1 else bpf_sys.Attached(got.flags, (*got.ids, 999_999))
+
+    calls: list[int] = []
+
+    def attach_once(*args: object, **kw: object) -> None:
+        calls.append(1)
+        if len(calls) > 1:  # the swap back during rollback
+            raise ApplyError(str(path), "BPF_PROG_ATTACH", "refused by the test")
+        real_attach(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bpf_sys, "query_device_programs", lying)
+    monkeypatch.setattr(bpf_sys, "attach", attach_once)
+    with pytest.raises(ApplyError, match="attached ids") as info:
+        CgroupV2(path).apply(OURS)
+    monkeypatch.undo()
+    notes = getattr(info.value, "__notes__", [])
+    assert any(n.startswith("rollback failed too:") and "refused by the test" in n for n in notes), notes
