@@ -230,7 +230,7 @@ def test_a_failed_rollback_is_raised_and_noted_on_the_apply_error(
 ) -> None:
     """Issue 24 (fresh mutants s530669-127, -129): when putting the original program back fails,
     ``rollback`` raises it, and a failed apply carries it as a note (the log line says both)."""
-    path, runtime_id = runtime_cgroup
+    path, _ = runtime_cgroup
     real_query, real_attach, seen = bpf_sys.query_device_programs, bpf_sys.attach, []
 
     def lying(fd: int, tries: int = 8) -> bpf_sys.Attached:
