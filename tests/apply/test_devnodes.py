@@ -354,3 +354,16 @@ def test_the_helpers_real_wait_status_is_reported(monkeypatch: pytest.MonkeyPatc
     out = devnodes._in_namespace(pid, Path("/proc"), None, (), ())
     why = "the helper in the container's namespace exited without a report (wait status 768)"
     assert out.error == (f"/proc/{pid}/ns/mnt", "", why)
+
+
+def test_a_rootfs_that_cannot_be_statted_is_named_with_its_strerror(tmp_path: Path) -> None:
+    """Issue 24 (fresh mutant s530669-140, ``strerror and str(exc)``): the line names the path and
+    the error once (``No such file or directory``), not Python's ``[Errno 2] ...: '<path>'``."""
+    missing = tmp_path / "no-rootfs"
+    with pytest.raises(ApplyError) as info:
+        devnodes._in_namespace(os.getpid(), Path("/proc"), str(missing), (), ())
+    assert (info.value.file, info.value.field, info.value.reason) == (
+        str(missing),
+        "stat",
+        "No such file or directory",
+    )

@@ -81,6 +81,12 @@ def test_escaped_mount_point_is_unescaped() -> None:
             "5:devices:/c\n", "1 0 0:1 / /sys/fs/cgroup rw - tmpfs t rw\n", "mounts", id="no devices mount"
         ),
         pytest.param("garbage\n", HYBRID_MOUNTS, "line 1", id="malformed cgroup line"),
+        pytest.param(  # issue 24, fresh mutant s530669-144: `sep + 3` took it and raised IndexError
+            "5:devices:/c\n",
+            "53 48 0:33 / /sys/fs/cgroup/devices rw - cgroup cgroup\n",
+            "line 1",
+            id="mountinfo line without super options",
+        ),
     ],
 )
 def test_refusals_name_the_field(cgroup: str, mounts: str, field: str) -> None:
