@@ -446,3 +446,25 @@ def test_a_full_disk_under_the_output_is_one_line(name: str, node: dict[str, Any
     assert lines[0] == (
         "oci-device-hook: stdout: cannot write the config for the runtime: No space left on device"
     )
+
+
+def test_the_runtime_log_line_is_appended_to_a_0644_file_and_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 (fresh mutants s530669-163: mode 0645, -164: the descriptor never closed): the
+    runtime's ``--log`` file the hook may create is the runtime's own 0644, and the hook's process
+    keeps no descriptor on it."""
+    import hook.precreate
+
+    log = tmp_path / "runc.log"
+    old = os.umask(0o022)
+    try:
+        monkeypatch.setenv(hook.precreate.RUNTIME_LOG_ENV, str(log))
+        before = set(os.listdir("/proc/self/fd"))
+        hook.precreate._runtime_log("oci-device-hook: deny: x")
+        hook.precreate._runtime_log("oci-device-hook: deny: y")
+        assert set(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.umask(old)
+    assert log.stat().st_mode & 0o777 == 0o644
+    assert log.read_text().count("level=error") == 2
