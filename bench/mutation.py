@@ -337,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.report:
-        text = report([r for log in args.report for r in read_log(log)], [args.header], read_claims())
+        merged = {r.mutant.ident: r for log in args.report for r in read_log(log)}  # later logs win
+        text = report(list(merged.values()), [args.header], read_claims())
         print(text)
         if not args.no_doc:
             write_doc(text)
