@@ -230,7 +230,9 @@ _DENY = bpf.Insn(bpf.MOV32_K, dst=0, imm=0).encode() + bpf.Insn(bpf.EXIT).encode
         ("helper call", bpf.Insn(bpf.CALL, imm=14).encode() + bpf.Insn(bpf.EXIT).encode(), "calls or maps"),
         (
             "map load",
-            bpf.Insn(bpf.LD_IMM64, dst=1, src=1, imm=3).encode() + bytes(8) + bpf.Insn(bpf.EXIT).encode(),
+            # the kernel's opcode (BPF_LD | BPF_DW | BPF_IMM), not bpf.LD_IMM64: a wrong constant in
+            # the module must not pass its own test (issue 24, fresh mutant s530669-092)
+            bpf.Insn(0x18, dst=1, src=1, imm=3).encode() + bytes(8) + bpf.Insn(bpf.EXIT).encode(),
             "calls or maps",
         ),
         ("truncated", _DENY[:8], "truncated"),
