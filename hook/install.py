@@ -543,7 +543,6 @@ def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
     libexec = rec.get("libexec") or opts.libexec
-    left = _leave_pass_throughs(node, rec, libexec)
     for path in {*_hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
         target = node.path(path, follow=False)
         if target.exists() and _ours(target, opts.libexec):
@@ -551,7 +550,11 @@ def uninstall(node: Node) -> int:
     changed = False
     state = rec.get("containerd")
     if state:
+        # the handlers first: a config that cannot be restored stops here with the wrapper still
+        # deciding, never with a pass-through the config still names
         changed = _unregister_containerd(node, state)
+    left = _leave_pass_throughs(node, rec, libexec)
+    if state:
         for shim in state.get("shims", []):
             if shim not in left:
                 node.path(shim).unlink(missing_ok=True)
