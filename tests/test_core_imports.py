@@ -17,9 +17,11 @@ CORE = (
     "specwriter.py",
     "allowlist.py",
     "cdi/names.py",
+    "runtimeargs.py",
 )
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
-SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py", "install.py"}  # install: installer's
+# install: the installer's; wrapper: the runtime wrapper's decision (exits when it refuses)
+SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py", "install.py", "wrapper.py"}
 
 
 def imports(path: Path) -> set[str]:
