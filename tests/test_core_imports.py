@@ -20,8 +20,18 @@ CORE = (
     "runtimeargs.py",
 )
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
-# install: the installer's; wrapper: the runtime wrapper's decision (exits when it refuses)
-SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py", "install.py", "wrapper.py"}
+# install: the installer's; serve: the decider's own start and stop lines; wrapper: the runtime
+# wrapper's decision (exits when it refuses)
+SHELL = {
+    "cli.py",
+    "entry.py",
+    "live.py",
+    "precreate.py",
+    "__main__.py",
+    "install.py",
+    "serve.py",
+    "wrapper.py",
+}
 
 
 def imports(path: Path) -> set[str]:
