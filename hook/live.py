@@ -7,7 +7,6 @@ already let through every container that needs nothing, so the hook never blocks
 
 from __future__ import annotations
 
-import posixpath
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -104,7 +103,9 @@ def _settings_cannot_matter(config: OciConfig, annotations: Mapping[str, str]) -
         return False
     if any("cdi" in key.lower() for key in annotations):
         return False
-    return not any(m.source and posixpath.normpath(m.source) == "/dev/null" for m in config.mounts)
+    from hook.kpath import host_source
+
+    return not any(m.source and host_source(m.source, config.bundle) == "/dev/null" for m in config.mounts)
 
 
 def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]) -> int:

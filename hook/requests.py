@@ -9,13 +9,13 @@ a visible-devices env counts as a plugin's only when something a pod cannot forg
 from __future__ import annotations
 
 import fnmatch
-import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 
 from hook.checkpoint import Allocation, Kubelet
 from hook.errors import InputError
+from hook.kpath import container_path, host_source, lexical
 from hook.oci import LinuxDevice, OciConfig
 from hook.record import record
 from hook.rules import Access, DeviceType, Rule
@@ -88,12 +88,11 @@ class Requests:
 
 
 def is_privileged(rules: Sequence[Rule]) -> bool:
-    """The engine's privileged mode: an allow-all rule (containerd ``WithAllDevicesAllowed``, CRI-O)."""
+    """The engine's privileged mode: an allow-all rule (containerd ``WithAllDevicesAllowed``, CRI-O);
+    ``a`` with numbers allows everything too, as runc applies it (``oci.parse_rule``)."""
     return any(
         r.allow
         and r.type is DeviceType.ALL
-        and r.major is None
-        and r.minor is None
         and Access.R | Access.W in r.access
         for r in rules
     )
@@ -132,7 +131,7 @@ def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
     known = _SEEN.get((matcher, path))
     if known is not None:
         return known
-    clean = posixpath.normpath(path)
+    clean = lexical(path)  # //dev/x is /dev/x to the kernel (hook.kpath)
     found = clean.startswith("/dev/") and matcher.match(clean[len("/dev/") :]) is not None
     if len(_SEEN) < 65536:
         _SEEN[(matcher, path)] = found
@@ -159,7 +158,7 @@ def _mounted_ids(a: Allocation, root: str) -> list[str]:
     """Device IDs of a volume-mounts allocation: ``/dev/null`` mounted at ``<root>/<id>``."""
     out = []
     for cpath, _host in a.mounts:
-        dest = posixpath.normpath(cpath)
+        dest = container_path(cpath)
         if dest.startswith(root + "/"):
             out.append(dest[len(root) + 1 :])
     return out
@@ -169,7 +168,7 @@ def _from_checkpoint(
     allocs: Sequence[Allocation], config: OciConfig, settings: Settings
 ) -> list[DeviceRequest]:
     by_path = {d.path: d for d in config.devices}
-    root = posixpath.normpath(settings.volume_mount_root)
+    root = container_path(settings.volume_mount_root)
     out: list[DeviceRequest] = []
     for a in allocs:
         src = f"{CHECKPOINT}:{a.resource}"
@@ -222,9 +221,9 @@ def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -
 def _from_mounts(config: OciConfig, root: str) -> list[DeviceRequest]:
     out, seen = [], set()
     for m in config.mounts:
-        dest = posixpath.normpath(m.destination)
+        dest = container_path(m.destination)
         if (
-            posixpath.normpath(m.source or "/") != "/dev/null"
+            host_source(m.source or "/", config.bundle) != "/dev/null"
             or not dest.startswith(root + "/")
             or dest in seen
         ):
@@ -371,7 +370,7 @@ def collect(
     bounded = needs_kubelet and kubelet is not None and kubelet.known and not kubelet.dra
     checkpoint = _from_checkpoint(allocs, config, settings)
     granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
-    mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
+    mounts = _from_mounts(config, container_path(settings.volume_mount_root))
     if not granting:
         granting = [m for m in mounts if m.kind is not Kind.IMEX]
     imex = [m for m in mounts if m.kind is Kind.IMEX]

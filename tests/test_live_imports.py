@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 HOOK_MODULES = {
     "hook", "hook.entry", "hook.live", "hook.errors", "hook.record", "hook.rules", "hook.oci", "hook.plan",
     "hook.checkpoint", "hook.settings", "hook.requests", "hook.decide", "hook.gather", "hook.report",
-    "hook.log", "hook.logrecord", "hook.hostdev", "hook.marker", "hook.version", "hook.nvidia",
+    "hook.log", "hook.logrecord", "hook.hostdev", "hook.kpath", "hook.marker", "hook.version", "hook.nvidia",
     "hook.nvidia.model", "hook.nvidia.ids", "hook.nvidia.migminors", "hook.nvidia.nodes",
     "hook.nvidia.procfs", "hook.nvidia.snapshot", "hook.nvidia.inventory", "hook.nvidia.dri",
     "hook.apply", "hook.apply.transaction", "hook.apply.devnodes",
