@@ -300,17 +300,13 @@ def _parse_devices(items: Any, source: str) -> tuple[LinuxDevice, ...]:
     return tuple(out)
 
 
-RULE_NUMBER_LIMIT = 1 << 31  # past it runc refuses or matches nothing, crun wraps to a negative int
+RULE_NUMBER_LIMIT = 1 << 31  # past it runc refuses or never matches, crun wraps to another int
 
 
-def _rule_int(obj: Mapping[str, Any], key: str, source: str, name: str) -> int | None:
+def _rule_int(obj: Mapping[str, Any], key: str, source: str, name: str) -> tuple[int | None, bool]:
+    """(the number as the runtime matches it, whether runtimes read it alike)."""
     value = _opt_int(obj, key, source, name)
-    if value is not None and not -RULE_NUMBER_LIMIT <= value < RULE_NUMBER_LIMIT:
-        raise InputError(
-            source, f"{name}.{key}", f"{value} is out of range: runc and crun read it differently (runc "
-            "refuses or never matches it, crun truncates it to 32 bits)"
-        )
-    return rule_number(value)
+    return rule_number(value), value is None or -RULE_NUMBER_LIMIT <= value < RULE_NUMBER_LIMIT
 
 
 def parse_rule(d: Any, source: str, name: str) -> Rule:
@@ -320,8 +316,10 @@ def parse_rule(d: Any, source: str, name: str) -> Rule:
     runtimes differ, the reading that grants more is taken for an allow and the one that denies
     less for a deny, so the hook never believes a device is closed that a runtime leaves open:
     ``a`` with numbers allows every device in runc (its emulator and the kernel's v1 parser ignore
-    the numbers; crun's eBPF keeps them), and an empty access is refused by runc
-    (``device access … cannot be empty``) and matches nothing in crun's filter.
+    the numbers; crun's eBPF keeps them); an empty access is refused by runc (``device access …
+    cannot be empty``) and matches nothing in crun's filter; a number outside ``±2^31`` is an
+    error or never matches in runc and becomes another 32-bit number in crun (``int major``), so
+    it is ``*`` in an allow and the deny is taken to deny nothing.
     """
     if not isinstance(d, dict):
         raise InputError(source, name, "expected an object")
@@ -340,8 +338,13 @@ def parse_rule(d: Any, source: str, name: str) -> Rule:
         access = Access.parse(access_text) if access_text else Access.RWM if allow else Access.NONE
     except ValueError as exc:
         raise InputError(source, f"{name}.access", str(exc)) from None
-    major = _rule_int(d, "major", source, name)
-    minor = _rule_int(d, "minor", source, name)
+    major, major_alike = _rule_int(d, "major", source, name)
+    minor, minor_alike = _rule_int(d, "minor", source, name)
+    if not (major_alike and minor_alike):  # runc: an error or no match; crun: another 32-bit number
+        if not allow:
+            access = Access.NONE
+        major = major if major_alike else None
+        minor = minor if minor_alike else None
     if kind is DeviceType.ALL and allow:
         major = minor = None
     return Rule(allow=allow, type=kind, major=major, minor=minor, access=access)

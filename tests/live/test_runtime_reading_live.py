@@ -15,10 +15,23 @@ from typing import Any
 
 import pytest
 
+from tests.bundles import checkpoint
+from tests.hosttree import make_host_tree
+from tests.k8s_shapes import write_cdi
 from tests.live.isolation import listing, run_isolated
-from tests.live.livekit import Bundle, parse_probe, run_container
+from tests.live.livekit import (
+    RUNC,
+    Bundle,
+    RunResult,
+    _text,
+    parse_probe,
+    private_host,
+    run_container,
+    runc_command,
+)
 from tests.live.test_blast_radius import fake_host_dev, host_dev_bundle
 from tests.live.test_hook_scenarios import slice_pod
+from tests.live.test_k8s_live import GPU_NODES, PLANTED, pod
 
 V1V2 = pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
 PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
@@ -41,6 +54,14 @@ def decided(b: Bundle, host: dict[str, Path], env: dict[str, str] | None = None)
     assert res.returncode == 0, res.stderr
     b.config = json.loads(res.stdout)
     return b.write()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict[str, Path]:
+    """tests/live/test_k8s_live.py's 4x-k8s node (NVML index 2 is /dev/nvidia3)."""
+    root = tmp_path / "driver-root"
+    make_host_tree(root, "4x-k8s", mknod=True)
+    return {"root": root, "cdi": write_cdi(tmp_path / "cdi"), "tmp": tmp_path}
 
 
 # --- item 2: -1 is a wildcard ---------------------------------------------------------------------
@@ -89,3 +110,91 @@ def test_a_double_slash_host_dev_bind_is_known_from_the_config(
     record = json.loads(host["log"].read_text().splitlines()[-1])
     assert record["verdict"] == "apply" and record["nodes"]["remove"] == [], record
     assert any("is the host's /dev" in w and "cgroup-only" in w for w in record["warnings"])
+
+
+# --- item 3: the fast path is a superset of the full decision ---------------------------------------
+
+
+def _warm(settings_file: Path, tmp: Path) -> str:
+    """A shell line that runs the hook once on a plain config under ``settings_file``, so the fast
+    path's record for these settings exists in the private /run (as on a node after its first
+    container): the next container is answered by the fast path whenever it says "nothing to do"."""
+    plain = tmp / "plain.json"
+    plain.write_text(json.dumps({"process": {"env": ["PATH=/bin"]}, "linux": {}}))
+    hook = f"{sys.executable} -I -m hook precreate --config {settings_file}"
+    return f"{hook} <{plain} >/dev/null 2>&1"
+
+
+def run_warm(b: Bundle, warm: str, *, cgroup2: bool) -> RunResult:
+    """``livekit.run_container`` with ``warm`` run first in the same private host view."""
+    state = b.path / "runc-state"
+    cmd = ["sh", "-c", f'{warm}; exec "$@"', "warm", *runc_command(b, state)]
+    try:
+        run = private_host(cmd, cgroup2=cgroup2)
+        proc = subprocess.run(run, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        return RunResult(proc.returncode, proc.stdout, proc.stderr)
+    except subprocess.TimeoutExpired as exc:
+        return RunResult(124, _text(exc.stdout), _text(exc.stderr) + "\n[timed out]")
+    finally:
+        delete = [RUNC, "--root", str(state), "delete", "-f", b.id]
+        subprocess.run(private_host(delete, cgroup2=cgroup2), capture_output=True, timeout=30)
+
+
+WILDCARD = {"allow": True, "type": "c", "major": 195, "access": "rw"}
+
+
+def _wildcard_pod(bundle_dir: Path, node: dict[str, Path]) -> Bundle:
+    """A containerd pod the kubelet allocated nothing, no NVIDIA env, and ``c 195:* rw``."""
+    b = pod(bundle_dir, node, ckpt=checkpoint([]))
+    b.config["process"]["env"] = ["PATH=/bin"]
+    b.config["linux"]["resources"]["devices"].append(WILDCARD)
+    return b.write()
+
+
+@V1V2
+def test_a_typed_wildcard_allow_is_decided_not_waved_through(
+    bundle_dir: Path, node: dict[str, Path], cgroup2: bool
+) -> None:
+    """Before: the fast path said "nothing to do", the container opened every GPU, no log line.
+    Now the full decision narrows it: eBPF denies every GPU; v1 cannot carve an exact deny out of
+    the wildcard, so the hook refuses the container with one line instead of starting it widened."""
+    b = _wildcard_pod(bundle_dir, node)
+    res = run_warm(b, _warm(node["tmp"] / "settings.yaml", node["tmp"]), cgroup2=cgroup2)
+    log = (node["tmp"] / "hook.log").read_text().splitlines()
+    assert log, "no log line: the fast path answered"
+    if cgroup2:
+        assert res.rc == 0, res.stderr
+        seen = parse_probe(res.stdout)
+        assert {seen[p] for p in PLANTED} == {"EPERM"}, seen
+        assert json.loads(log[-1])["verdict"] == "apply"
+    else:
+        assert res.rc != 0 and "PROBE" not in res.stdout, res.stdout
+        assert "rules without effect after writing: deny c 195:" in res.stderr
+
+
+@V1V2
+def test_precreate_decides_a_typed_wildcard_allow(
+    bundle_dir: Path, node: dict[str, Path], cgroup2: bool
+) -> None:
+    """Spec level: ``hook precreate`` used to pass the config through; now runc gets an allow-list
+    in which no GPU opens (v1 too: the allow-list needs no deny)."""
+    b = _wildcard_pod(bundle_dir, node)
+    b.config["hooks"] = {}
+    settings_file = node["tmp"] / "settings.yaml"
+    pod_json = node["tmp"] / "pod.json"
+    pod_json.write_text(json.dumps(b.config))
+    hook = f"{sys.executable} -I -m hook precreate --config {settings_file} --driver-root {node['root']}"
+    script = f"{_warm(settings_file, node['tmp'])}; {hook} <{pod_json}"
+    res = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh", "sh", "-c", script],
+        capture_output=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) != b.config, "passed through unchanged"
+    b.config = json.loads(res.stdout)
+    ran = run_container(b.write(), cgroup2=cgroup2)
+    assert ran.rc == 0, ran.stderr
+    seen = parse_probe(ran.stdout)
+    assert {seen[p] for p in PLANTED} == {"EPERM"}, seen
+    assert {seen[p] for p in GPU_NODES} == {"ENOENT"}, seen
