@@ -112,7 +112,9 @@ def config(
     rules: list[dict[str, object]],
     annotations: dict[str, str] | None = None,
     mounts: list[dict[str, object]] | None = None,
+    cgroups_path: str = "",
 ) -> dict[str, object]:
+    linux: dict[str, object] = {"cgroupsPath": cgroups_path} if cgroups_path else {}
     return {
         "ociVersion": "1.1.0",
         "process": {
@@ -125,6 +127,7 @@ def config(
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *(mounts or [])],
         "annotations": {"io.kubernetes.cri.container-type": "container", **(annotations or {})},
         "linux": {
+            **linux,
             "devices": devices,
             "resources": {"devices": rules},
             "namespaces": [{"type": "pid"}, {"type": "mount"}],
@@ -188,11 +191,17 @@ CUDA_IMAGE_ENV = [
     "CUDA_VERSION=12.4.1",
 ]
 K8S_POD = {  # containerd's CRI annotations for pod ml/train-0, container cuda
+    "io.kubernetes.cri.sandbox-id": "5f0c" * 16,
     "io.kubernetes.cri.sandbox-namespace": "ml",
     "io.kubernetes.cri.sandbox-name": "train-0",
     "io.kubernetes.cri.sandbox-uid": "0b7e5d2c-4a91-4f3e-8c6d-1e2f3a4b5c6d",
     "io.kubernetes.cri.container-name": "cuda",
 }
+# containerd's cgroupsPath for that container under the systemd driver (what tells containerd
+# from CRI-O: a pod cannot write it; hook/podid.py)
+K8S_CGROUPS_PATH = (
+    "kubepods-besteffort-pod0b7e5d2c_4a91_4f3e_8c6d_1e2f3a4b5c6d.slice:cri-containerd:" + "7e1a" * 16
+)
 
 
 def k8s_bundles() -> dict[str, dict[str, object]]:
@@ -213,6 +222,7 @@ def k8s_bundles() -> dict[str, dict[str, object]]:
             devices=[],
             rules=DEFAULT_RULES,
             annotations=K8S_POD,
+            cgroups_path=K8S_CGROUPS_PATH,
         ),
         "k8s-allocated": config(
             [*CUDA_IMAGE_ENV, f"NVIDIA_VISIBLE_DEVICES={root}"],
@@ -222,6 +232,7 @@ def k8s_bundles() -> dict[str, dict[str, object]]:
             rules=DEFAULT_RULES,
             annotations=K8S_POD,
             mounts=[mount],
+            cgroups_path=K8S_CGROUPS_PATH,
         ),
     }
 

@@ -18,6 +18,7 @@ from hook.errors import InputError
 from hook.hostdev import host_dev_roots
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
+from hook.podid import identify
 from hook.record import field, record, replace
 from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator, is_privileged
 from hook.rules import Access
@@ -105,19 +106,30 @@ def _settings(opts: Options) -> Settings:
 MAX_CHECKPOINT_BYTES = 64 << 20
 
 
-def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
+def _kubelet(
+    annotations: dict[str, str], cgroups_path: str, settings: Settings, warnings: list[str]
+) -> ckpt.Kubelet | None:
     """What the kubelet's checkpoint says about this container; None outside Kubernetes.
 
     Never raises: a missing, unreadable or corrupt checkpoint is a state the decision weighs
-    (and a warning), so a container that asks for no device always starts.
+    (and a warning), so a container that asks for no device always starts. A pod identity that
+    is not its engine's own (``hook.podid``) consults no checkpoint at all: state ``untrusted``.
     """
-    pod = ckpt.pod_of(annotations)
-    if pod is None:
-        return None
+    ident = identify(annotations, cgroups_path)
     path = Path(settings.kubelet_checkpoint)
+    if ident.pod is None:
+        if not ident.problem:
+            return None
+        consequence = "no allocation counts and env requests are ignored"
+        warnings.append(f"no trusted pod identity: {ident.problem}; {consequence}")
+        anonymous = ckpt.Pod(uid="", container="", namespace="", name="")
+        return ckpt.Kubelet(pod=anonymous, checkpoint=str(path), state="untrusted", problem=ident.problem)
+    pod = ident.pod
 
     def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
-        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs)
+        return ckpt.Kubelet(
+            pod=pod, checkpoint=str(path), state=state, allocations=allocs, engine=ident.engine
+        )
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the container's start
@@ -141,6 +153,7 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
             state="read",
             allocations=allocs,
             dra=_has_dra_claims(path, pod.uid),
+            engine=ident.engine,
         )
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
@@ -457,7 +470,8 @@ def inputs_for_config(
     opts = resolved(opts, settings)
     warnings: list[str] = []
     annotations = {**config.annotations, **annotations}
-    requests = collect(config, annotations, settings, _kubelet(annotations, settings, warnings))
+    kubelet = _kubelet(annotations, config.cgroups_path, settings, warnings)
+    requests = collect(config, annotations, settings, kubelet)
     resolver = _Resolver(opts, settings, config, requests)
     grants = resolver.resolve_all()
     host: tuple[Node, ...] = ()

@@ -62,6 +62,7 @@ def _log(
     settings: Settings | None,
     annotations: Mapping[str, str],
     opts: dict[str, list[str]],
+    cgroups_path: str = "",
 ) -> None:
     import json
 
@@ -69,7 +70,7 @@ def _log(
     from hook.logrecord import stamp
 
     s = settings or Settings()
-    line = stamp(record, annotations)
+    line = stamp(record, annotations, cgroups_path=cgroups_path)
     if "--log" not in opts and _by_hand():
         sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
         sys.stderr.write(f"oci-device-hook: run by hand: not appended to {s.log_file} (--log does)\n")
@@ -114,13 +115,13 @@ def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]
     A container that asks for no device under any settings starts (the error is logged and
     printed as a warning, once per container); any other container fails closed with the error.
     """
-    container = ""
+    container = cgroups = ""
     annotations: Mapping[str, str] = {}
     try:
         state = parse_state(stdin, STDIN)
         container = state.id
         config = load_config(state)
-        annotations = {**config.annotations, **state.annotations}
+        annotations, cgroups = {**config.annotations, **state.annotations}, config.cgroups_path
         harmless = _settings_cannot_matter(config, annotations)
     except HookError:
         harmless = False
@@ -128,10 +129,10 @@ def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]
     if harmless:
         sys.stderr.write(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
         reason = "settings file broken; the container asks for no device"
-        _log({**record, "verdict": "none", "reason": reason}, None, annotations, opts)
+        _log({**record, "verdict": "none", "reason": reason}, None, annotations, opts, cgroups)
         return 0
     sys.stderr.write(f"oci-device-hook: {error}\n")
-    _log({**record, "verdict": "error"}, None, annotations, opts)
+    _log({**record, "verdict": "error"}, None, annotations, opts, cgroups)
     return error.exit_code
 
 
@@ -156,7 +157,7 @@ def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
 
 def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
     settings: Settings | None = None
-    container = ""
+    container = cgroups = ""
     annotations: Mapping[str, str] = {}
     try:
         options = options_from(opts, use_cache=True)
@@ -172,16 +173,16 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         container = state.id
         annotations = state.annotations
         config = load_config(state)
-        annotations = {**config.annotations, **state.annotations}
+        annotations, cgroups = {**config.annotations, **state.annotations}, config.cgroups_path
         if _decided_before(config, settings):
             record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
-            _log({**record, "container": {"id": container}}, settings, annotations, opts)
+            _log({**record, "container": {"id": container}}, settings, annotations, opts, cgroups)
             return 0
         inputs = load_inputs(state, replace(options, settings=settings), config)
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
-            _log(report, settings, annotations, opts)
+            _log(report, settings, annotations, opts, cgroups)
             sys.stderr.write(f"oci-device-hook: deny: {clean(plan.reason)}\n")
             return 3
         if plan.changes:
@@ -198,7 +199,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
             report["warnings"] += _skipped_warnings(applied.skipped)
-        _log(report, settings, annotations, opts)
+        _log(report, settings, annotations, opts, cgroups)
         return 0
     except HookError as exc:
         sys.stderr.write(f"oci-device-hook: {exc}\n")
@@ -207,5 +208,6 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
             settings,
             annotations,
             opts,
+            cgroups,
         )
         return exc.exit_code

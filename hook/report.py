@@ -60,6 +60,8 @@ def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
         "env_requests": str(settings.env_requests),
         "bounded": inputs.requests.bounded,
         "dra_claims": k.dra,
+        "engine": k.engine,
+        "identity_problem": k.problem,
     }
 
 
@@ -92,10 +94,13 @@ def render_text(report: dict[str, Any]) -> str:
         alloc = ", ".join(k["allocation"]) or "nothing"
         trust = " (trusted namespace)" if k["trusted_namespace"] else ""
         pod = clean(f"{k['namespace'] or '?'}/{k['pod'] or k['pod_uid']}")
-        lines.append(
-            f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
-            f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
-        )
+        if k.get("identity_problem"):
+            lines.append(f"kubernetes: no trusted pod identity: {clean(k['identity_problem'])}")
+        else:
+            lines.append(
+                f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
+                f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
+            )
     if report["evidence"]:
         lines.append(f"plugin allocation evidence: {clean(', '.join(report['evidence']))}")
     if report["cgroup"]:

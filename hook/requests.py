@@ -329,6 +329,8 @@ _NOT_VOUCHED = (
 
 def _env_refusal(kubelet: Kubelet, corroboration: str, value: str) -> str:
     """Why a Kubernetes container's visible-devices env is no request ('' when it counts)."""
+    if kubelet.state == "untrusted":  # a pod's own word is all there is: nothing vouches, not even siblings
+        return f"{VISIBLE_ENV}={value} ignored: no trusted pod identity ({kubelet.problem})"
     pod = kubelet.pod
     where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
     if corroboration:  # plugin-only siblings (HAMi, MPS, gpustack) vouch, as outside Kubernetes

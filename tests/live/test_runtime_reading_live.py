@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.bundles import checkpoint
+from tests.bundles import alloc_resp, checkpoint
 from tests.hosttree import make_host_tree
-from tests.k8s_shapes import write_cdi
+from tests.k8s_shapes import CONTAINER, POD_UID, write_cdi
 from tests.live.isolation import listing, run_isolated
 from tests.live.livekit import (
     RUNC,
@@ -31,7 +31,7 @@ from tests.live.livekit import (
 )
 from tests.live.test_blast_radius import fake_host_dev, host_dev_bundle
 from tests.live.test_hook_scenarios import slice_pod
-from tests.live.test_k8s_live import GPU_NODES, PLANTED, pod
+from tests.live.test_k8s_live import GPU_NODES, PLANTED, UUID2, gpu2_entry, pod
 
 V1V2 = pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
 PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
@@ -62,6 +62,43 @@ def node(tmp_path: Path) -> dict[str, Path]:
     root = tmp_path / "driver-root"
     make_host_tree(root, "4x-k8s", mknod=True)
     return {"root": root, "cdi": write_cdi(tmp_path / "cdi"), "tmp": tmp_path}
+
+
+# --- item 1: the pod identity is the engine's own --------------------------------------------------
+
+
+@V1V2
+def test_a_crio_pod_cannot_borrow_a_victims_allocation(
+    bundle_dir: Path, node: dict[str, Path], cgroup2: bool
+) -> None:
+    """The issue's reproduction with runc: a CRI-O pod (its own UID, in namespace ``evil``) sets
+    containerd's identity keys to the victim's pod and container, and asks for the victim's GPU by
+    env. Before: ``/dev/nvidia3`` and ``nvidiactl`` created and allowed, the line filed under the
+    victim's namespace. Now: no trusted identity, the env is no request, no GPU."""
+    resp = alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": UUID2})
+    victim = {
+        "io.kubernetes.cri.sandbox-uid": POD_UID,
+        "io.kubernetes.cri.container-name": CONTAINER,
+        "io.kubernetes.cri.sandbox-namespace": "ml",
+    }
+    own = {"io.kubernetes.pod.uid": "11111111-2222-3333-4444-555555555555"}
+    b = pod(
+        bundle_dir,
+        node,
+        engine="crio",
+        namespace="evil",
+        cri_env=[f"NVIDIA_VISIBLE_DEVICES={UUID2}"],
+        extra_annotations={**victim, **own},
+        ckpt=gpu2_entry(resp),
+    )
+    res = run_container(b, cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    seen = parse_probe(res.stdout)
+    assert {seen[p] for p in GPU_NODES} | {seen["/dev/nvidiactl"]} == {"ENOENT"}, seen
+    assert {seen[p] for p in PLANTED} == {"EPERM"}, seen
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert record["verdict"] == "none" and "pod" not in record, record
+    assert any(w.startswith("no trusted pod identity:") for w in record["warnings"])
 
 
 # --- item 2: -1 is a wildcard ---------------------------------------------------------------------
