@@ -156,3 +156,25 @@ def test_the_victim_itself_still_gets_its_gpu(tmp_path: Path, node: dict[str, Pa
     rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
     assert rep["verdict"] == "apply" and rep["kubernetes"]["engine"] == "cri-o"
     assert "/dev/nvidia3" in [n["path"] for n in rep["nodes"]["create"]]
+
+
+def test_precreate_hands_the_attacker_no_gpu(tmp_path: Path, node: dict[str, Path]) -> None:
+    """Spec level: ``hook precreate`` used to add the victim's ``/dev/nvidia3`` and sign it."""
+    import json
+
+    from tests.bundles import settings_file
+    from tests.test_precreate import precreate
+
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_bytes(victim_allocation())
+    settings = settings_file(tmp_path, kubelet_checkpoint=str(ckpt))
+    args = ["--driver-root", str(node["root"]), "--cdi-spec-dir", str(node["cdi"]), "--config", str(settings)]
+    env = [f"NVIDIA_VISIBLE_DEVICES={UUID2}"]
+    cfg = pod_config("crio", cri_env=env, extra_annotations=attacker("crio", VICTIM_KEYS_CONTAINERD))
+    cfg["linux"]["cgroupsPath"] = cgroups_path("crio")
+    data = json.dumps(cfg).encode()
+    res = precreate({"args": args}, data)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == data  # unchanged: no node, no rule, no marker
+    record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
+    assert record["kubernetes"]["checkpoint_state"] == "untrusted" and "pod" not in record
