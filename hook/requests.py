@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from hook.checkpoint import Allocation, Kubelet
 from hook.errors import InputError
-from hook.kpath import container_path, host_source, lexical
+from hook.kpath import container_path, host_source
 from hook.oci import LinuxDevice, OciConfig
 from hook.record import record
 from hook.rules import Access, DeviceType, Rule
@@ -131,7 +131,7 @@ def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
     known = _SEEN.get((matcher, path))
     if known is not None:
         return known
-    clean = lexical(path)  # //dev/x is /dev/x to the kernel (hook.kpath)
+    clean = container_path(path)  # //dev/x and dev/x are /dev/x to runc and the kernel (hook.kpath)
     found = clean.startswith("/dev/") and matcher.match(clean[len("/dev/") :]) is not None
     if len(_SEEN) < 65536:
         _SEEN[(matcher, path)] = found

@@ -187,6 +187,7 @@ def test_an_accelerator_path_is_recognised_with_a_doubled_slash() -> None:
 
     assert is_accelerator("//dev/nvidia3", DEFAULT_ACCELERATOR_NODES)
     assert is_accelerator("/dev//nvidia3", DEFAULT_ACCELERATOR_NODES)
+    assert is_accelerator("dev/nvidia3", DEFAULT_ACCELERATOR_NODES)  # runc: below the container's /
 
 
 def test_a_node_at_a_doubled_slash_path_is_narrowed_like_any_other(
