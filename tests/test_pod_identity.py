@@ -178,3 +178,22 @@ def test_precreate_hands_the_attacker_no_gpu(tmp_path: Path, node: dict[str, Pat
     assert res.stdout == data  # unchanged: no node, no rule, no marker
     record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
     assert record["kubernetes"]["checkpoint_state"] == "untrusted" and "pod" not in record
+
+
+def test_an_untrusted_pod_gets_nothing_from_a_dev_null_mount(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """The volume-mounts strategy's ``/dev/null`` mount is pod-writable too: without a trusted
+    identity nothing vouches for it."""
+    from tests.k8s_shapes import MOUNT_ROOT, null_mount
+
+    env = [f"NVIDIA_VISIBLE_DEVICES={MOUNT_ROOT}"]
+    cfg = pod_config(
+        "crio",
+        cri_env=env,
+        mounts=[null_mount(f"{MOUNT_ROOT}/{UUID2}")],
+        extra_annotations=attacker("crio", VICTIM_KEYS_CONTAINERD),
+    )
+    rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
+    assert (rep["verdict"], rep["requests"], rep["nodes"]["create"]) == ("none", [], []), rep
+    assert any("volume mount ignored: no trusted pod identity" in w for w in rep["warnings"])
