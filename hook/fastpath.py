@@ -392,7 +392,7 @@ def well_formed(state: dict[str, Any], config: dict[str, Any]) -> bool:
             and (r.get("type") or "a") in ("a", "c", "b")
             and isinstance(r.get("access", "rwm"), str)
             and set(r.get("access", "rwm")) <= set("rwm")
-            and all(_opt(r, k, _is_int) for k in ("major", "minor"))
+            and all(_opt(r, k, _is_int) for k in ("major", "minor"))  # hook.oci reads every int
         ):
             return False
     return True

@@ -179,15 +179,31 @@ def _kubelet(
     its engine's own (``hook.podid``) consults neither: state ``untrusted``.
     """
     ident = identify(annotations, cgroups_path)
-    path = Path(settings.kubelet_checkpoint)
     if ident.pod is None:
         if not ident.problem:
             return None
         consequence = "no allocation counts and env requests are ignored"
         warnings.append(f"no trusted pod identity: {ident.problem}; {consequence}")
         anonymous = ckpt.Pod(uid="", container="", namespace="", name="")
-        return ckpt.Kubelet(pod=anonymous, checkpoint=str(path), state="untrusted", problem=ident.problem)
-    pod = ident.pod
+        checkpoint = settings.kubelet_checkpoint
+        return ckpt.Kubelet(pod=anonymous, checkpoint=checkpoint, state="untrusted", problem=ident.problem)
+    pod, engine = ident.pod, ident.engine
+    from hook import warm
+
+    # the decider keeps this pod's view while both kubelet files keep their identity
+    key = (warm.identity(settings.kubelet_checkpoint), warm.identity(settings.dra_state_path))
+    found: list[str] = []
+    files = (settings.kubelet_checkpoint, settings.dra_state_path)
+    slot = ("kubelet", *files, pod.uid, pod.container, pod.namespace, pod.name, engine)
+    view, said = warm.remembered(
+        slot, key, lambda: (_read_kubelet(pod, engine, settings, found), tuple(found))
+    )
+    warnings += said
+    return view
+
+
+def _read_kubelet(pod: ckpt.Pod, engine: str, settings: Settings, warnings: list[str]) -> ckpt.Kubelet:
+    path = Path(settings.kubelet_checkpoint)
     dra_view = _dra(pod, settings, warnings)
 
     def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
@@ -197,7 +213,7 @@ def _kubelet(
             state=state,
             allocations=allocs,
             dra_view=dra_view,
-            engine=ident.engine,
+            engine=engine,
         )
 
     try:
@@ -276,10 +292,16 @@ class _Resolver:
 
     def registry(self) -> Registry:
         if self._registry is None:
-            from hook.cdi.registry import Registry
+            from hook import warm
+            from hook.cdi.registry import Registry, spec_files
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
-            self._registry = Registry.load(list(self.opts.spec_dirs), cache)
+            dirs = list(self.opts.spec_dirs)
+            # the decider keeps the registry while every spec file (and the set of them) is the same
+            key = warm.identities(p for p, _ in spec_files(dirs)) if warm.enabled() else None
+            self._registry = warm.remembered(
+                ("cdi", tuple(map(str, dirs)), str(cache)), key, lambda: Registry.load(dirs, cache)
+            )
             for path, problems in sorted(self._registry.errors.items()):
                 self.warnings += [f"CDI spec skipped: {problem}" for problem in problems[:3]]
                 if len(problems) > 3:

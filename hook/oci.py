@@ -350,6 +350,7 @@ def parse_rule(d: Any, source: str, name: str) -> Rule:
     return Rule(allow=allow, type=kind, major=major, minor=minor, access=access)
 
 
+
 def _section(obj: Mapping[str, Any], key: str, source: str, prefix: str = "") -> Mapping[str, Any]:
     value = obj.get(key)
     if value is None:
