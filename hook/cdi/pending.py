@@ -23,6 +23,13 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _same(key: str, old: Any, new: Any) -> bool:
+    """One field of two device entries; ``u`` (unbuffered) is a char device to runc, as ``c``."""
+    if key == "type":
+        old, new = ("c" if v == "u" else v for v in (old, new))
+    return bool(old == new)
+
+
 def _items(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -44,7 +51,7 @@ def pending(config: dict[str, Any], edits: ContainerEdits) -> ContainerEdits:
 
     def node_there(n: CdiDeviceNode) -> bool:
         old, new = _first(devices, "path", n.path), node_entry(config, n)
-        return old is not None and all(old.get(k) == new.get(k) for k in ("type", "major", "minor"))
+        return old is not None and all(_same(k, old.get(k), new.get(k)) for k in ("type", "major", "minor"))
 
     def mount_there(m: Mount) -> bool:
         old, new = _first(mounts, "destination", m.container_path), mount_entry(config, m)

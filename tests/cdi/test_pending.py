@@ -178,3 +178,9 @@ def test_odd_json_values_in_the_config_are_compared_not_raised_on() -> None:
     cfg["hooks"] = {"prestart": [{"path": {"x": 1}, "args": [{}]}, "junk"], "poststop": "junk"}
     rest = pending(cfg, ContainerEdits(env=("A=1",), hooks=(hook,), additional_gids=(5, 6)))
     assert (rest.env, rest.hooks, rest.additional_gids) == ((), (hook,), (6,))
+
+
+def test_u_is_a_char_device_as_runc_reads_it() -> None:
+    node = CdiDeviceNode(path=PATH, type="c", major=10, minor=1)
+    assert pending(_base([_dev("u", 10, 1)]), ContainerEdits(device_nodes=(node,))).is_empty()
+    assert pending(_base([_dev("u", 10, 1)]), ContainerEdits(device_nodes=(CDI_NODE,))).device_nodes
