@@ -177,6 +177,18 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
     pod = ckpt.pod_of(annotations)
     if pod is None:
         return None
+    from hook import warm
+
+    # the decider keeps this pod's view while both kubelet files keep their identity
+    key = (warm.identity(settings.kubelet_checkpoint), warm.identity(settings.dra_state_path))
+    found: list[str] = []
+    slot = ("kubelet", settings.kubelet_checkpoint, settings.dra_state_path, pod.uid, pod.container)
+    view, said = warm.remembered(slot, key, lambda: (_read_kubelet(pod, settings, found), tuple(found)))
+    warnings += said
+    return view
+
+
+def _read_kubelet(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> ckpt.Kubelet:
     path = Path(settings.kubelet_checkpoint)
     dra_view = _dra(pod, settings, warnings)
 
@@ -257,10 +269,16 @@ class _Resolver:
 
     def registry(self) -> Registry:
         if self._registry is None:
-            from hook.cdi.registry import Registry
+            from hook import warm
+            from hook.cdi.registry import Registry, spec_files
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
-            self._registry = Registry.load(list(self.opts.spec_dirs), cache)
+            dirs = list(self.opts.spec_dirs)
+            # the decider keeps the registry while every spec file (and the set of them) is the same
+            key = warm.identities(p for p, _ in spec_files(dirs)) if warm.enabled() else None
+            self._registry = warm.remembered(
+                ("cdi", tuple(map(str, dirs)), str(cache)), key, lambda: Registry.load(dirs, cache)
+            )
             for path, problems in sorted(self._registry.errors.items()):
                 self.warnings += [f"CDI spec skipped: {problem}" for problem in problems[:3]]
                 if len(problems) > 3:
