@@ -34,7 +34,11 @@ from tests.live.test_hook_scenarios import slice_pod
 from tests.live.test_k8s_live import GPU_NODES, PLANTED, UUID2, gpu2_entry, pod
 
 V1V2 = pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
-PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+# the fast-path cache and a line the settings' log cannot take land in throwaway tmpfs, never the host's
+PRIVATE_RUN = (
+    "mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && mount -t tmpfs tmpfs /var/log"
+    ' && exec "$@"'
+)
 
 
 def precreate(host: dict[str, Path], config: dict[str, Any], env: dict[str, str] | None = None) -> Any:
