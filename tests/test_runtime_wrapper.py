@@ -79,8 +79,12 @@ def saw(kit: dict[str, Any]) -> dict[str, Any]:
     return json.loads(kit["record"].read_text())
 
 
-# The hook writes its fast-path cache under /run/oci-device-hook: each run gets a private tmpfs /run.
-PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+# The hook writes its fast-path cache under /run/oci-device-hook and, before it has read its settings,
+# may log to /var/log: each run gets private tmpfs ones.
+PRIVATE_RUN = (
+    "mount -t tmpfs -o mode=0755 tmpfs /run && mount -t tmpfs -o mode=0755 tmpfs /var/log"
+    ' && mkdir /run/oci-device-hook && exec "$@"'
+)
 IN_NS = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh"]
 CONTAINERD_ARGS = ["--root", "/run/containerd/runc/k8s.io", "--log", "/x/log.json", "--log-format", "json"]
 
