@@ -1,10 +1,14 @@
 """Install, register, upgrade, roll back and uninstall the hook on a node (the DaemonSet's work).
 
 Rule: the imperative shell around ``hook.engines``. Each version lives in its own directory,
-``<libexec>/versions/<version>``, byte-compiled by the node's own Python; one symlink,
-``<libexec>/current``, is switched by renaming a new symlink over it, so a hook that has started
-keeps importing from the version it started with (the launcher resolves its real path once).
-Nothing is registered before the node's Python is checked and the new version imports there.
+``<prefix>/versions/<version>``, with its own interpreter (the tree's bundled ``python/``, started
+through its own loader, so the node's python3 and libc play no part) or, only when the operator
+names one with ``--python``, on the node's Python; one symlink, ``<prefix>/current``, is switched
+by renaming a new symlink over it, so a hook that has started keeps importing from the version it
+started with (each version's launcher names that version's paths). The prefix is a setting
+(``--prefix``): ``/usr/libexec/oci-device-hook`` by default, a writable, exec-able path such as
+``/opt/oci-device-hook`` or ``/home/kubernetes/bin/oci-device-hook`` where ``/usr`` is read-only.
+Nothing is registered before the new version's interpreter runs it inside the node's root.
 Every change to an engine's config is recorded in ``<state>/install.json`` with what it replaced,
 so uninstall undoes exactly that and nothing else. Engines are restarted only when asked.
 
@@ -39,8 +43,9 @@ DEFAULTS = {
     "etc": "/etc/oci-device-hook",
     "state_dir": "/var/lib/oci-device-hook",
     "containerd_config": "/etc/containerd/config.toml",
-    "python": "/usr/bin/python3",
 }
+BUNDLED = "python"  # the tree's self-contained interpreter, <version>/python (packaging/bundle-python)
+PLAIN_PATH = re.compile(r"/[A-Za-z0-9_.+/-]*")  # what the launcher and wrapper may name unquoted
 OTHER_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
 RECORD = "install.json"
@@ -116,6 +121,79 @@ def _write_record(node: Node, rec: dict[str, Any]) -> None:
 # --- checks ------------------------------------------------------------------------------------------
 
 
+def bundled_version(src: Path) -> str:
+    """The tree's bundled interpreter's version (``python/bin/python3`` -> ``python3.X``), or
+    InstallError with one line when the tree has none."""
+    bin_dir = src / "usr/libexec/oci-device-hook" / BUNDLED / "bin"
+    try:
+        target = os.readlink(bin_dir / "python3")
+    except OSError:
+        raise InstallError(
+            str(bin_dir.parent),
+            "",
+            "no bundled interpreter in this tree (--python PATH: the node's own Python >= 3.11)",
+        ) from None
+    m = re.fullmatch(r"python(\d+)\.(\d+)", target)
+    if not m or (int(m.group(1)), int(m.group(2))) < MIN_PYTHON:
+        raise InstallError(str(bin_dir / "python3"), "", f"names {target!r}; the hook needs Python >= 3.11")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def interpreter(node: Node, version_dir: str) -> list[str]:
+    """argv that starts the Python the hook runs on from ``version_dir`` (a node path): the bundled
+    one through its own loader, or the node's named by ``--python``."""
+    if node.opts.python:
+        return [node.opts.python]
+    lib = f"{version_dir}/{BUNDLED}/lib"
+    return [f"{lib}/{_loader(node.path(lib))}", "--library-path", lib, f"{version_dir}/{BUNDLED}/bin/python3"]
+
+
+def _loader(lib: Path) -> str:
+    loaders = sorted(p.name for p in lib.glob("ld-*.so*"))
+    if not loaders:
+        raise InstallError(str(lib), "", "no dynamic loader in the bundled interpreter")
+    return loaders[0]
+
+
+def _launcher(node: Node, staged: Path, final: str) -> str:
+    """The hook's launcher for one version (staged at ``staged``, to live at node path ``final``),
+    naming that version's own paths: a started hook never mixes two versions."""
+    if node.opts.python:
+        source = staged / "launcher.py"
+        body = (source if source.exists() else staged / "hook").read_text().partition("\n")[2]
+        return f"#!{node.opts.python} -ISB\n{body}"
+    loader = _loader(staged / BUNDLED / "lib")
+    values = {"@PYTHON@": f"{final}/{BUNDLED}", "@LOADER@": loader, "@DIR@": final}
+    text = (staged / "launcher.sh.in").read_text()
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
+
+
+def _writable(node: Node, node_path: str) -> bool:
+    """Whether ``node_path`` (or, where it does not exist yet, its nearest existing parent) can be
+    written on the node: false on a read-only /usr."""
+    path = node.path(node_path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return os.access(path, os.W_OK)
+
+
+def check_paths(node: Node) -> None:
+    """A read-only prefix is refused with what to set instead; the default hooks.d directory under a
+    read-only /usr gives way to /etc/containers/oci/hooks.d (podman and CRI-O read both)."""
+    opts = node.opts
+    if not _writable(node, opts.libexec):
+        raise InstallError(
+            "--prefix",
+            opts.libexec,
+            "not writable on this node (a read-only /usr?): choose a writable, exec-able prefix such as "
+            "/opt/oci-device-hook or /home/kubernetes/bin/oci-device-hook (docs/operators.md, node images)",
+        )
+    if opts.hooks_dir == DEFAULTS["hooks_dir"] and not _writable(node, opts.hooks_dir):
+        opts.hooks_dir = OTHER_HOOKS_DIRS[1]
+
+
 def check_python(node: Node) -> str:
     """The node's Python version, or InstallError with one line when it cannot run the hook."""
     python = node.opts.python
@@ -145,37 +223,48 @@ _IMPORT_CHECK = "import hook.entry, hook.live, hook.settings"
 
 
 def _stage_version(node: Node, src: Path, version: str) -> None:
-    """Copy the tree's libexec into ``versions/<version>``, byte-compile it with the node's Python,
-    check that it imports there, and only then move it into place."""
+    """Copy the tree's libexec into ``versions/<version>`` (with its bundled interpreter, unless the
+    node's was asked for), write its launcher, byte-compile the hook with the interpreter it will
+    run on, check that it imports there (inside the node's root: a noexec prefix or a missing
+    library shows here), and only then move it into place."""
     libexec = node.opts.libexec
     versions = node.path(libexec) / "versions"
     versions.mkdir(parents=True, exist_ok=True)
     tmp_name = f".tmp-{version}-{os.getpid()}"
     tmp = versions / tmp_name
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src / "usr/libexec/oci-device-hook", tmp, symlinks=True)
-    for junk in tmp.rglob("__pycache__"):
-        shutil.rmtree(junk, ignore_errors=True)  # compiled for the build's Python: the node's compiles next
+    skip = shutil.ignore_patterns(BUNDLED) if node.opts.python else None
+    shutil.copytree(src / "usr/libexec/oci-device-hook", tmp, symlinks=True, ignore=skip)
+    if node.opts.python:
+        for junk in tmp.rglob("__pycache__"):
+            shutil.rmtree(junk, ignore_errors=True)  # the build's Python's: the node's compiles next
     node_tmp = f"{libexec}/versions/{tmp_name}"
-    python = node.opts.python
+    final = f"{libexec}/versions/{version}"
+    try:
+        _atomic_write(tmp / "hook", _launcher(node, tmp, final).encode(), 0o755)
+        python = interpreter(node, node_tmp)
+    except (OSError, InstallError):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     steps = (
-        [python, "-I", "-m", "compileall", "-q", "-j", "0", "-d", f"{libexec}/versions/{version}", node_tmp],
-        [python, "-ISB", "-c", f"import sys; sys.path.insert(0, {node_tmp + '/lib'!r}); {_IMPORT_CHECK}"],
+        [*python, "-I", "-m", "compileall", "-q", "-j", "0", "-d", f"{final}/lib", f"{node_tmp}/lib"],
+        [*python, "-ISB", "-c", f"import sys; sys.path.insert(0, {node_tmp + '/lib'!r}); {_IMPORT_CHECK}"],
     )
+    who = node.opts.python or "the bundled interpreter"
     for argv in steps:
         proc = node.run(argv)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
             last = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-            raise InstallError(python, "", f"the node's Python cannot run version {version}: {last}")
-    final = versions / version
-    if final.exists():
+            raise InstallError(who, "", f"cannot run version {version} under {libexec} on this node: {last}")
+    final_dir = versions / version
+    if final_dir.exists():
         aside = versions / f".old-{version}-{os.getpid()}"
-        os.replace(final, aside)
-        os.replace(tmp, final)
+        os.replace(final_dir, aside)
+        os.replace(tmp, final_dir)
         shutil.rmtree(aside, ignore_errors=True)
     else:
-        os.replace(tmp, final)
+        os.replace(tmp, final_dir)
 
 
 def _switch(node: Node, version: str) -> None:
@@ -226,7 +315,7 @@ def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) 
         f"try: load_settings(Path({node_copy!r}), required=True)\n"
         "except HookError as e: print(e, file=sys.stderr); sys.exit(1)"
     )
-    proc = node.run([node.opts.python, "-ISB", "-c", code])
+    proc = node.run([*interpreter(node, f"{node.opts.libexec}/versions/{version}"), "-ISB", "-c", code])
     node.path(node_copy).unlink(missing_ok=True)
     if proc.returncode != 0:
         why = proc.stderr.strip().replace(node_copy, str(settings))
@@ -357,7 +446,10 @@ def install(node: Node) -> int:
     dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
     if dpkg_owned and node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
         raise InstallError("dpkg", PKG, "the package is installed by dpkg on this node: remove it first")
-    python_version = check_python(node)
+    if not PLAIN_PATH.fullmatch(opts.libexec) or "//" in opts.libexec or opts.libexec.endswith("/"):
+        raise InstallError("--prefix", opts.libexec, "expected a plain absolute path")
+    check_paths(node)
+    python_version = check_python(node) if opts.python else f"{bundled_version(src)} (bundled)"
     version = _tree_version(src)
     rec = _read_record(node)
     _stage_version(node, src, version)
@@ -463,12 +555,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["install", "uninstall", "settings", "status"])
     p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
     p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
-    p.add_argument("--libexec", default=DEFAULTS["libexec"])
+    p.add_argument("--prefix", "--libexec", dest="libexec", default=DEFAULTS["libexec"],
+                   help="where the hook goes on the node (a read-only /usr: /opt/oci-device-hook, ...)")
     p.add_argument("--hooks-dir", default=DEFAULTS["hooks_dir"])
     p.add_argument("--etc", default=DEFAULTS["etc"])
     p.add_argument("--state-dir", default=DEFAULTS["state_dir"])
     p.add_argument("--containerd-config", default=DEFAULTS["containerd_config"])
-    p.add_argument("--python", default=DEFAULTS["python"], help="the node's interpreter for the hook")
+    p.add_argument("--python", default="", help="run the hook on this node interpreter (>= 3.11) instead of "
+                   "the bundled one")
     p.add_argument("--engine", choices=["auto", "hooks.d", "containerd", "all"], default="auto")
     p.add_argument("--mode", choices=["prestart", "precreate"], default="prestart", help="hooks.d stage")
     p.add_argument("--settings", default="", help="settings file to apply when it differs (a ConfigMap)")

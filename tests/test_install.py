@@ -9,7 +9,9 @@ root, state, sockets and config, killed by pid.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -40,8 +42,21 @@ def _site(mod: str) -> Path:
     return Path(__import__(mod).__file__).resolve()
 
 
-def make_tree(dest: Path, version: str = "") -> Path:
-    """A package file tree like ``dpkg-deb -x`` of the .deb, without building one (fast)."""
+@functools.cache
+def bundled_python() -> Path:
+    """``packaging/bundle-python`` of /usr/bin/python3, assembled once per session (removed at exit)."""
+    dest = Path(tempfile.mkdtemp(prefix="odh-python-"))
+    atexit.register(shutil.rmtree, dest, True)
+    proc = subprocess.run([str(PKG / "bundle-python"), str(dest / "python")], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return dest / "python"
+
+
+def make_tree(dest: Path, version: str = "", bundled: bool = True) -> Path:
+    """A package file tree like ``dpkg-deb -x`` of the .deb, without building one (fast): the
+    bundled interpreter hard-linked from ``bundled_python()``; ``bundled=False``, a tree for the
+    node's own Python (``INTERPRETER=system``)."""
     lib = dest / "usr/libexec/oci-device-hook/lib"
     shutil.copytree(REPO / "hook", lib / "hook", ignore=shutil.ignore_patterns("__pycache__"))
     for mod in ("yaml", "click"):
@@ -53,7 +68,12 @@ def make_tree(dest: Path, version: str = "") -> Path:
         (lib / "hook/version.py").write_text(f'VERSION = "{version}"\n')
     libexec = lib.parent
     shutil.copy2(PKG / "launcher", libexec / "hook")
+    shutil.copy2(PKG / "launcher", libexec / "launcher.py")
+    shutil.copy2(PKG / "launcher.sh.in", libexec / "launcher.sh.in")
     shutil.copy2(PKG / "installer", libexec / "installer")
+    shutil.copy2(PKG / "installer.py", libexec / "installer.py")
+    if bundled:
+        subprocess.run(["cp", "-al", str(bundled_python()), str(libexec / "python")], check=True)
     runtime = PKG / "runtime"
     if runtime.exists():
         shutil.copy2(runtime, libexec / "runtime")
