@@ -247,7 +247,7 @@ def _stage_version(node: Node, src: Path, version: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     steps = (
-        [*python, "-I", "-m", "compileall", "-q", "-j", "0", "-d", f"{final}/lib", f"{node_tmp}/lib"],
+        [*python, "-I", "-m", "compileall", "-q", "-d", f"{final}/lib", f"{node_tmp}/lib"],
         [*python, "-ISB", "-c", f"import sys; sys.path.insert(0, {node_tmp + '/lib'!r}); {_IMPORT_CHECK}"],
     )
     who = node.opts.python or "the bundled interpreter"
