@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -27,10 +28,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hook import engines
+from hook import engines, nodefs
 from hook.errors import HookError, InputError
 
 __all__ = ["main", "install", "uninstall"]
@@ -62,8 +64,15 @@ class Node:
         self.root = root
         self.opts = opts
 
-    def path(self, node_path: str) -> Path:
-        return Path(self.root) / node_path.lstrip("/") if self.root != "/" else Path(node_path)
+    def path(self, node_path: str, *, follow: bool = True) -> Path:
+        """``node_path`` resolved inside the root (``hook.nodefs``): a symlink on the node means
+        what it means to the node's engines, never a path in the installer's own filesystem."""
+        try:
+            return nodefs.resolve_in_root(self.root, node_path, follow=follow)
+        except ValueError as exc:
+            raise InstallError(node_path, "", str(exc).split(": ", 1)[-1]) from None
+        except OSError as exc:
+            raise InstallError(node_path, "", f"cannot resolve inside {self.root}: {exc.strerror}") from None
 
     def run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         cmd = argv if self.root == "/" else ["chroot", self.root, *argv]
@@ -77,17 +86,25 @@ def _say(text: str) -> None:
     sys.stderr.write(f"{PKG}: {text}\n")
 
 
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+def _atomic_write(
+    path: Path, data: bytes, mode: int = 0o644, verify: Callable[[bytes], None] | None = None
+) -> None:
+    """``hook.nodefs.atomic_write``; a failure is one line saying the file was left as it was."""
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+        nodefs.atomic_write(path, data, mode, verify)
+    except OSError as exc:
+        raise InstallError(str(path), "", f"not written ({exc.strerror or exc}); left as it was") from None
+
+
+def _json_ok(data: bytes) -> None:
+    json.loads(data)
+
+
+def _toml_ok(source: str) -> Callable[[bytes], None]:
+    def check(data: bytes) -> None:
+        engines.parse(data.decode(), f"{source} (as written)")
+
+    return check
 
 
 def _atomic_symlink(target: str, link: Path) -> None:
@@ -103,7 +120,7 @@ def _sha(data: bytes) -> str:
 
 
 def _read_record(node: Node) -> dict[str, Any]:
-    path = node.path(node.opts.state_dir) / RECORD
+    path = node.path(f"{node.opts.state_dir}/{RECORD}")
     try:
         obj = json.loads(path.read_text())
     except FileNotFoundError:
@@ -115,7 +132,7 @@ def _read_record(node: Node) -> dict[str, Any]:
 
 def _write_record(node: Node, rec: dict[str, Any]) -> None:
     data = json.dumps(rec, indent=2, sort_keys=True) + "\n"
-    _atomic_write(node.path(node.opts.state_dir) / RECORD, data.encode())
+    _atomic_write(node.path(f"{node.opts.state_dir}/{RECORD}"), data.encode(), verify=_json_ok)
 
 
 # --- checks ------------------------------------------------------------------------------------------
@@ -219,7 +236,7 @@ def _tree_version(src: Path) -> str:
 # --- install steps -------------------------------------------------------------------------------------
 
 
-_IMPORT_CHECK = "import hook.entry, hook.live, hook.settings"
+_IMPORT_CHECK = "import hook.entry, hook.fastpath, hook.live, hook.settings"
 
 
 def _stage_version(node: Node, src: Path, version: str) -> None:
@@ -294,7 +311,7 @@ def _prune(node: Node, keep: int, history: list[str]) -> list[str]:
 def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) -> str:
     """The ConfigMap's settings replace the node's when they differ (checked first by the new
     version's own parser); with none given, the packaged template is placed only where none is."""
-    target = node.path(node.opts.etc) / "config.yaml"
+    target = node.path(f"{node.opts.etc}/config.yaml")
     if settings is None:
         if not target.exists():
             _atomic_write(target, (src / "etc/oci-device-hook/config.yaml").read_bytes())
@@ -348,10 +365,10 @@ def _register_hooks_d(node: Node, src: Path, rec: dict[str, Any]) -> list[str]:
         files[f"{node.opts.hooks_dir}/{engines.PRECREATE_NAME}"] = "precreate"
     for path, stage in files.items():
         data = (json.dumps(_hooks_doc(node, src, stage), indent=2) + "\n").encode()
-        _atomic_write(node.path(path), data)
+        _atomic_write(node.path(path), data, verify=_json_ok)
     for old in _hooks_files(rec):
         if old not in files:
-            node.path(old).unlink(missing_ok=True)
+            node.path(old, follow=False).unlink(missing_ok=True)
     return list(files)
 
 
@@ -427,9 +444,18 @@ def _register_containerd(node: Node, rec: dict[str, Any]) -> bool:
         state["backup"] = backup
     state["sha256"] = _sha(new.encode())
     rec["containerd"] = state
+    before = copy.deepcopy(rec)
+    before["containerd"] = previous
     _write_record(node, rec)  # recorded before the config changes: an interrupted run can be undone
     mode = cfg.stat().st_mode & 0o777 if existed else 0o644
-    _atomic_write(cfg, new.encode(), mode)
+    try:
+        _atomic_write(cfg, new.encode(), mode, verify=_toml_ok(node.opts.containerd_config))
+    except InstallError:
+        with contextlib.suppress(InstallError):
+            if not previous:
+                del before["containerd"]
+            _write_record(node, before)
+        raise
     return True
 
 
@@ -501,7 +527,7 @@ def _unregister_containerd(node: Node, state: dict[str, Any]) -> bool:
     if state.get("created") and engines.parse(restored.decode(), state["config"]) in ({}, {"version": 2}):
         cfg.unlink()
     elif restored != text.encode():
-        _atomic_write(cfg, restored, cfg.stat().st_mode & 0o777)
+        _atomic_write(cfg, restored, cfg.stat().st_mode & 0o777, verify=_toml_ok(state["config"]))
     else:
         return False
     return True
@@ -511,7 +537,7 @@ def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
     for path in {*_hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
-        target = node.path(path)
+        target = node.path(path, follow=False)
         if target.exists() and _ours(target, opts.libexec):
             target.unlink()
     changed = False

@@ -1,0 +1,212 @@
+"""Issue 21 item 5 and issue 22 items 3-4: the installer never leaves a broken containerd config.
+
+Each test builds a scratch node (``tmp_path``), and where containerd can read the result, judges
+it with the real ``containerd config dump --config F`` (1.6 on Debian 12, 1.7 on Debian 13: the
+assertions read the dump's TOML, whose layout both versions share for what is checked here).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import textwrap
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hook import install, nodefs
+from tests.test_install import Node, make_tree, needs_python
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespace)")
+CONTAINERD = shutil.which("containerd")
+needs_containerd = pytest.mark.skipif(CONTAINERD is None, reason="containerd binary")
+CRI = "io.containerd.grpc.v1.cri"
+
+NODE_CONFIG = textwrap.dedent(f"""\
+    version = 2
+    # the node image's own config: sandbox image, systemd cgroups, a mirror
+    [plugins."{CRI}"]
+      sandbox_image = "registry.example/pause:3.9"
+    [plugins."{CRI}".containerd]
+      default_runtime_name = "runc"
+    [plugins."{CRI}".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."{CRI}".containerd.runtimes.runc.options]
+        SystemdCgroup = true
+    [plugins."{CRI}".registry.mirrors."docker.io"]
+      endpoint = ["https://mirror.example"]
+    """)
+
+
+def dump(config: Path) -> dict[str, Any]:
+    """What containerd itself makes of ``config`` and everything it imports."""
+    assert CONTAINERD is not None
+    out = subprocess.run(
+        [CONTAINERD, "--config", str(config), "config", "dump"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    return tomllib.loads(out)
+
+
+def cri(doc: dict[str, Any]) -> dict[str, Any]:
+    plugins = doc.get("plugins", {})
+    return plugins.get(CRI) or plugins.get("io.containerd.cri.v1.runtime") or {}
+
+
+def runtimes(doc: dict[str, Any]) -> dict[str, Any]:
+    return cri(doc).get("containerd", {}).get("runtimes", {})
+
+
+# --- 5a: whole writes ------------------------------------------------------------------------------
+
+
+def test_atomic_write_loops_on_short_writes_and_leaves_nothing_on_enospc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    target = tmp_path / "config.toml"
+    target.write_bytes(b"old\n")
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))
+    nodefs.atomic_write(target, b"x" * 100)
+    assert target.read_bytes() == b"x" * 100
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError):
+        nodefs.atomic_write(target, b"new\n")
+    monkeypatch.setattr(os, "write", real_write)
+    assert target.read_bytes() == b"x" * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+    with pytest.raises(tomllib.TOMLDecodeError):
+        nodefs.atomic_write(target, b"[broken\n", verify=lambda b: tomllib.loads(b.decode()) and None)
+    assert target.read_bytes() == b"x" * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+
+
+FULL_FS = r"""
+set -u
+mount -t tmpfs -o size=64k,mode=0755 tmpfs "$DIR"
+cp "$ORIG" "$DIR/config.toml"
+head -c 4096 /dev/zero > "$DIR/slack"
+dd if=/dev/zero of="$DIR/filler" bs=1024 2>/dev/null
+rm "$DIR/slack"
+"$@" install --engine containerd > "$OUT/install.out" 2>&1
+echo $? > "$OUT/install.rc"
+cp "$DIR/config.toml" "$OUT/after-install.toml"
+ls -a "$DIR" > "$OUT/ls"
+"$@" uninstall > "$OUT/uninstall.out" 2>&1
+echo $? > "$OUT/uninstall.rc"
+cp "$DIR/config.toml" "$OUT/after-uninstall.toml"
+"""
+
+
+@needs_root
+@needs_python
+def test_a_full_filesystem_leaves_the_config_and_exits_non_zero(tmp_path: Path, tree: Path) -> None:
+    node = Node(tmp_path / "node")
+    node.base.mkdir()
+    node.containerd.parent.mkdir()
+    padding = "".join(f"# padding {i:04d}: the edit needs more than the 4 KiB left\n" for i in range(120))
+    orig = tmp_path / "orig.toml"
+    orig.write_text(NODE_CONFIG + padding)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [str(tree / "usr/libexec/oci-device-hook/installer"), "--src", str(tree), *node.args()]
+    # the installer's argv puts the action first: a tiny shim puts it there
+    shim = tmp_path / "run-installer"
+    shim.write_text('#!/bin/sh\naction=$1; shift\nexec "$INSTALLER" "$action" "$@"\n')
+    shim.chmod(0o755)
+    env = {
+        "PATH": os.environ["PATH"], "DIR": str(node.containerd.parent), "ORIG": str(orig),
+        "OUT": str(out), "INSTALLER": cmd[0],
+    }  # fmt: skip
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", FULL_FS, "sh", str(shim), *cmd[1:]],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = (out / "install.out").read_text()
+    assert (out / "install.rc").read_text().strip() != "0", said
+    assert "left as it was" in said and len(said.strip().splitlines()) == 1, said
+    assert (out / "after-install.toml").read_bytes() == orig.read_bytes()
+    assert [n for n in (out / "ls").read_text().split() if n.endswith(".tmp")] == []
+    assert (out / "uninstall.rc").read_text().strip() == "0", (out / "uninstall.out").read_text()
+    assert (out / "after-uninstall.toml").read_bytes() == orig.read_bytes()
+    shutil.rmtree(node.base)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tree(tmp_path_factory.mktemp("tree"))
+
+
+# --- 5b: paths inside the root -----------------------------------------------------------------------
+
+
+def test_resolve_in_root_keeps_absolute_links_and_dotdot_inside(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc/k8s").mkdir(parents=True)
+    (root / "etc/containerd").mkdir()
+    (root / "etc/k8s/containerd.toml").write_text("x")
+    (root / "etc/containerd/config.toml").symlink_to("/etc/k8s/containerd.toml")
+    (root / "etc/up").symlink_to("../../../../../etc/k8s")
+    (root / "loop").symlink_to("/loop")
+    r = nodefs.resolve_in_root
+    assert r(str(root), "/etc/containerd/config.toml") == root / "etc/k8s/containerd.toml"
+    assert r(str(root), "/etc/containerd/config.toml", follow=False) == root / "etc/containerd/config.toml"
+    assert r(str(root), "/etc/up/containerd.toml") == root / "etc/k8s/containerd.toml"
+    assert r(str(root), "/../../etc/k8s") == root / "etc/k8s"
+    assert r(str(root), "/etc/missing/new.toml") == root / "etc/missing/new.toml"
+    with pytest.raises(OSError) as loop:
+        r(str(root), "/loop/x")
+    assert loop.value.errno == errno.ELOOP
+    with pytest.raises(ValueError):
+        r(str(root), "etc/containerd")
+
+
+def _root_node(root: Path, *extra: str) -> install.Node:
+    opts = install._parser().parse_args(
+        ["install", "--root", str(root), "--libexec", "/opt/odh", "--state-dir", "/var/lib/odh", *extra]
+    )
+    return install.Node(str(root), opts)
+
+
+def _wrapper(root: Path, libexec: str = "/opt/odh") -> None:
+    runtime = root / libexec.lstrip("/") / "runtime"
+    runtime.parent.mkdir(parents=True, exist_ok=True)
+    runtime.write_text('#!/bin/sh\nexec runc "$@"\n')
+    runtime.chmod(0o755)
+
+
+@needs_containerd
+def test_a_symlinked_config_is_edited_inside_the_root_and_restored(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    real = root / "etc/k8s/containerd.toml"
+    real.parent.mkdir(parents=True)
+    real.write_text(NODE_CONFIG)
+    link = root / "etc/containerd/config.toml"
+    link.parent.mkdir(parents=True)
+    link.symlink_to("/etc/k8s/containerd.toml")  # the node image's layout: absolute, node-relative
+    _wrapper(root)
+    node = _root_node(root)
+    rec: dict[str, Any] = {}
+    assert install._register_containerd(node, rec)
+    assert link.is_symlink() and os.readlink(link) == "/etc/k8s/containerd.toml"
+    got = dump(real)
+    assert runtimes(got)["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
+    assert runtimes(got)["runc"]["options"]["SystemdCgroup"] is True
+    assert cri(got)["sandbox_image"] == "registry.example/pause:3.9"
+    assert install._unregister_containerd(node, rec["containerd"])
+    assert real.read_text() == NODE_CONFIG and link.is_symlink()
+
+
+def test_node_paths_that_are_not_absolute_are_refused(tmp_path: Path) -> None:
+    node = _root_node(tmp_path, "--containerd-config", "etc/containerd/config.toml")
+    with pytest.raises(install.InstallError, match="must be absolute"):
+        install._register_containerd(node, {})
