@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 ROOT_DEVICES_LIST = Path("/sys/fs/cgroup/devices/devices.list")
 HOST_CACHE_DIR = Path("/run/oci-device-hook")  # the hook's default cache dir on this machine
 HOST_LOG = Path("/var/log/oci-device-hook.log")  # the hook's default log
@@ -158,3 +161,19 @@ def host_cache_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
         f"{request.node.nodeid} wrote the host's {HOST_CACHE_DIR}: {before!r} -> {after!r} "
         "(run the hook in a private /run: tests.bundles.PRIVATE_RUN)"
     )
+
+
+@pytest.fixture(scope="session")
+def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``packaging/build-deb`` run once per session (gzip: a quicker build of the same files), for
+    every test that needs the real package (its contents, its install in a scratch root, the image)."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb not installed")
+    out = tmp_path_factory.mktemp("deb")
+    env = {**os.environ, "DEB_COMPRESS": "gzip"}
+    proc = subprocess.run([str(REPO / "packaging/build-deb"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.is_file() and path.parent == out
+    return path
