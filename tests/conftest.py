@@ -151,9 +151,6 @@ def host_cache_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
     root these are the session's private copies (``private_run_and_log``): only this run's
     processes can change them, so another process writing the host's never fails a test here.
     """
-    if request.node.get_closest_marker("installs_package"):
-        yield  # the real package's own dir: that test purges it and checks it is gone
-        return
     before = _host_cache()
     yield
     after = _host_cache()
