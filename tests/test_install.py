@@ -573,8 +573,8 @@ def _podman(base: Path, hooks: Path, rootfs: Path, *args: str) -> subprocess.Com
         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", *args,
         "--rootfs", str(rootfs), "/bin/sh", "-c", "echo started",
     ]  # fmt: skip
-    # a private /run: a mkdir of /run/oci-device-hook before the mount would land on the host's /run
-    inner = 'mount -t tmpfs -o mode=0755 tmpfs /run && exec "$@"'
+    # a private /run and /var/log: a mkdir of /run/oci-device-hook before the mount would land on the host's
+    inner = 'mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/log && exec "$@"'
     cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", inner, "sh", *podman]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
