@@ -365,6 +365,18 @@ def render(checks: Sequence[Check], fmt: str) -> str:
     return "\n".join(lines)
 
 
+def installed_prefix(hook_dir: str) -> str:
+    """The install prefix this hook runs from (``hook_dir``: the ``hook`` package's directory):
+    ``<prefix>/lib/hook`` (the .deb) or ``<prefix>/versions/<v>/lib/hook`` (the installer), where
+    ``<prefix>`` holds the launcher; ``LIBEXEC`` for any other layout (a checkout, a venv). A node
+    installed under ``/opt/oci-device-hook`` is then judged by what points there."""
+    lib = Path(hook_dir).parent
+    base = lib.parent
+    if lib.name != "lib" or not (base / "launcher.py").is_file():
+        return LIBEXEC
+    return str(base.parent.parent) if base.parent.name == "versions" else str(base)
+
+
 def run_doctor(
     driver_root: Path,
     spec_dirs: list[Path],
@@ -381,7 +393,9 @@ def run_doctor(
     hooks.d (CRI-O, podman) and containerd are checked each; a node needs one of them, so the
     one that is not registered fails only when the other is not registered either."""
     config = containerd_config or CONTAINERD_CONFIG
-    engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs), check_containerd(config)]
+    prefix = installed_prefix(str(Path(__file__).parent))
+    order = check_hooks_order(hooks_dirs, prefix)
+    engines = [check_hooks(hooks_dirs), order, check_containerd(config, prefix)]
     containerd = engines[2]
     if not engines[0].ok and containerd.ok and "absent" not in containerd.detail:
         engines[0] = Check(engines[0].name, True, f"not used: {engines[0].detail} (containerd is registered)")
@@ -390,7 +404,7 @@ def run_doctor(
         check_cdi(spec_dirs),
         check_cgroup(mounts_file),
         *engines,
-        *check_base_spec(config),
+        *check_base_spec(config, prefix),
         check_settings(settings_file),
         check_kubelet(settings_file, host_root),
     ]

@@ -68,6 +68,11 @@ def test_a_node_without_python_and_with_a_read_only_usr_runs_containers_through_
     version_dir = f"{PREFIX}/versions/0.1.0"
     assert f"'{version_dir}/python/lib/ld-linux" in (node / version_dir.lstrip("/") / "hook").read_text()
     try:
+        # doctor judges the registration that points at this prefix
+        doctor = in_node(node, [f"{PREFIX}/hook", "doctor", "--format", "json"], inside=True)
+        checks = {c["name"]: c for c in json.loads(doctor.stdout)}
+        assert checks["hooks.d"]["ok"] and checks["hooks.d"]["detail"].endswith(f"{PREFIX}/hook"), checks
+        assert checks["hooks.d order"]["detail"] == "oci-device-hook.json: prestart (live)", checks
         # hooks.d (podman, CRI-O): the engine runs the entry as it reads it; a privileged slice pod
         b = slice_pod_in(node)
         b.config["hooks"] = {"prestart": [entry]}
