@@ -47,7 +47,8 @@ def bundled_python() -> Path:
     """``packaging/bundle-python`` of /usr/bin/python3, assembled once per session (removed at exit)."""
     dest = Path(tempfile.mkdtemp(prefix="odh-python-"))
     atexit.register(shutil.rmtree, dest, True)
-    proc = subprocess.run([str(PKG / "bundle-python"), str(dest / "python")], capture_output=True, text=True,
+    cmd = [str(PKG / "bundle-python"), str(dest / "python"), str(_site("yaml").parent)]  # make_tree's lib
+    proc = subprocess.run(cmd, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return dest / "python"
