@@ -107,6 +107,9 @@ def _finish(text: str, code: int) -> None:
 @click.option("--state", "state_file", type=PathArg, help="OCI state file (default: made from the bundle)")
 @click.option("--output-config", type=PathArg, help="write the config.json with the decision folded in")
 @click.option(
+    "--kubelet-dra-state", "dra_state", type=PathArg, help="the kubelet's DRA state to read (simulation)"
+)
+@click.option(
     "--version",
     is_flag=True,
     expose_value=False,
@@ -121,6 +124,7 @@ def cli(
     bundle: Path | None,
     state_file: Path | None,
     output_config: Path | None,
+    dra_state: Path | None,
     **common: Any,
 ) -> None:
     """oci-device-hook: keep GPU device access honest (see README)."""
@@ -129,10 +133,16 @@ def cli(
         return
     if bundle is None:
         raise click.UsageError("simulation needs --bundle DIR (live mode reads the OCI state on stdin)")
-    _simulate(ctx.obj, bundle, state_file, output_config)
+    _simulate(ctx.obj, bundle, state_file, output_config, dra_state)
 
 
-def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_config: Path | None) -> None:
+def _simulate(
+    o: dict[str, Any],
+    bundle: Path,
+    state_file: Path | None,
+    output_config: Path | None,
+    dra_state: Path | None = None,
+) -> None:
     from hook.decide import decide
     from hook.gather import load_inputs, read_state_file, state_from_bundle
     from hook.record import replace
@@ -140,7 +150,10 @@ def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_c
 
     state = read_state_file(state_file) if state_file else state_from_bundle(bundle)
     state = replace(state, bundle=str(bundle))
-    inputs = load_inputs(state, _options(o, use_cache=False, resolve=False))
+    opts = _options(o, use_cache=False, resolve=False)
+    if dra_state is not None:
+        opts = replace(opts, dra_state=dra_state)
+    inputs = load_inputs(state, opts)
     plan = decide(inputs)
     report = build_report(inputs, plan)
     if output_config is not None:

@@ -17,7 +17,7 @@ from enum import StrEnum
 from hook.checkpoint import Allocation, Kubelet
 from hook.errors import InputError
 from hook.oci import LinuxDevice, OciConfig
-from hook.record import record
+from hook.record import record, replace
 from hook.rules import Access, DeviceType, Rule
 from hook.settings import EnvRequests, Settings
 
@@ -32,6 +32,9 @@ __all__ = [
     "split_ids",
     "is_legacy_image",
     "gpu_resource",
+    "injected_keys",
+    "only_injected",
+    "dra_claim_of",
 ]
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -39,6 +42,7 @@ IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_ENVS = {"NVIDIA_MIG_CONFIG_DEVICES": "mig-config", "NVIDIA_MIG_MONITOR_DEVICES": "mig-monitor"}
 CHECKPOINT = "kubelet-checkpoint"
+DRA = "kubelet-dra"  # a claim's CDI device, from the kubelet's DRA state (hook.dra)
 
 
 class Kind(StrEnum):
@@ -201,6 +205,58 @@ def _from_checkpoint(
             )  # time-slicing replicas: "<uuid>::<n>"
             out += [_id_request(d, src, True) for d in ids]
     return out
+
+
+def _from_dra(kubelet: Kubelet | None, config: OciConfig) -> list[DeviceRequest]:
+    """The CDI devices of the pod's DRA claims, for a privileged container only: an unprivileged
+    one already has exactly what the engine injected (each node with its own allow rule)."""
+    view = kubelet.dra_view if kubelet is not None else None
+    if view is None or not view.claims or not is_privileged(config.resource_rules):
+        return []
+    return [
+        DeviceRequest(source=f"{DRA}:{claim.label}", value=cdi_id, kind=Kind.CDI, from_plugin=True)
+        for claim in view.claims
+        for device in claim.devices
+        for cdi_id in device.cdi_ids
+    ]
+
+
+def dra_claim_of(req: DeviceRequest) -> str:
+    """The claim (``namespace/name (uid)``) a DRA request came from; "" for any other request."""
+    head, sep, claim = req.source.partition(":")
+    return claim if sep and head == DRA else ""
+
+
+def injected_keys(rules: Sequence[Rule]) -> frozenset[tuple[str, int, int]]:
+    """Exact allow rules after the (last) allow-all: in a privileged container the engine resets
+    the rules to one allow-all, and CDI injection (containerd ``WithCDI``, CRI-O
+    ``SpecInjectCDIDevices``) then appends one allow rule per injected node, so these are the
+    devices injected into this very container (research/dra-and-nri.md §2)."""
+    last = max((i for i, r in enumerate(rules) if is_privileged((r,))), default=None)
+    if last is None:
+        return frozenset()
+    return frozenset(
+        (str(r.type), r.major, r.minor)
+        for r in rules[last + 1 :]
+        if r.allow and r.major is not None and r.minor is not None
+    )
+
+
+def only_injected(
+    requests: Requests,
+    accelerators: Mapping[DeviceRequest, frozenset[tuple[str, int, int]]],
+    injected: frozenset[tuple[str, int, int]],
+) -> Requests:
+    """The pod's claim devices narrowed to this container's: the DRA state has no container names,
+    so a claim device counts for this container when every accelerator node it resolves to was
+    injected into it (a MIG device's GPU alone does not single it out; its GI/CI caps do). When
+    none was, the container keeps the union of the pod's claims: never wider than the pod's."""
+    claim_reqs = [r for r in requests.items if dra_claim_of(r)]
+    chosen = {r for r in claim_reqs if accelerators.get(r) and accelerators[r] <= injected}
+    if not chosen:
+        return requests
+    items = tuple(r for r in requests.items if not dra_claim_of(r) or r in chosen)
+    return replace(requests, items=items)
 
 
 def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -> list[DeviceRequest]:
@@ -367,9 +423,12 @@ def collect(
         and kubelet.pod.namespace in settings.env_trusted_namespaces
     )
     needs_kubelet = kubelet is not None and mode is EnvRequests.AUTO and not trusted
-    # DRA claims inject CDI devices the device-plugin checkpoint does not list: no bound then
-    bounded = needs_kubelet and kubelet is not None and kubelet.known and not kubelet.dra
-    checkpoint = _from_checkpoint(allocs, config, settings)
+    # DRA claims inject CDI devices the device-plugin checkpoint does not list: no bound then,
+    # nor when the DRA state exists but cannot be read (the pod may hold claims)
+    bounded = (
+        needs_kubelet and kubelet is not None and kubelet.known and not (kubelet.dra or kubelet.dra_unknown)
+    )
+    checkpoint = [*_from_checkpoint(allocs, config, settings), *_from_dra(kubelet, config)]
     granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
     mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
     if not granting:

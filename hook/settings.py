@@ -97,6 +97,7 @@ class Settings:
     cdi_annotation_prefixes: tuple[str, ...] = ("cdi.k8s.io/",)
     volume_mount_root: str = "/var/run/nvidia-container-devices"
     kubelet_checkpoint: str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    kubelet_dra_state: str = ""  # "": dra_manager_state in kubelet_checkpoint's kubelet root dir
     corroborating_env: tuple[str, ...] = DEFAULT_CORROBORATING_ENV
     accelerator_nodes: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: dict(DEFAULT_ACCELERATOR_NODES)
@@ -117,6 +118,15 @@ class Settings:
     @property
     def default_cdi_kind(self) -> str:
         return self.cdi_kinds[0]
+
+    @property
+    def dra_state_path(self) -> str:
+        """The kubelet's DRA state: the setting, else beside the checkpoint's ``device-plugins/``."""
+        if self.kubelet_dra_state:
+            return self.kubelet_dra_state
+        from hook.dra import default_path
+
+        return default_path(self.kubelet_checkpoint)
 
 
 def _str_list(key: str, value: Any, source: str) -> tuple[str, ...]:
@@ -167,6 +177,8 @@ def _convert(key: str, value: Any, source: str) -> Any:
         return value
     if key == "runtime":
         return _runtime(value, source)
+    if key == "kubelet_dra_state" and value == "":
+        return value  # derived from kubelet_checkpoint (the default, as settings documents write it)
     if key == "cdi_spec_dirs":
         dirs = value if isinstance(value, list) else None
         if dirs is None or not all(isinstance(d, str) and d.startswith("/") for d in dirs):

@@ -22,6 +22,7 @@ from tests.bundles import (
     simulate,
     write_bundle,
 )
+from tests.dra_shapes import claim, device, dra_state
 from tests.hosttree import CAPS_MAJOR, make_host_tree
 from tests.k8s_shapes import (
     CONTAINER,
@@ -479,8 +480,8 @@ def test_a_pod_with_dra_claims_is_not_bounded_by_the_device_plugin_checkpoint(
     settings = {"kubelet_checkpoint": str(ckpt_dir / "kubelet_internal_checkpoint")}
     bounded = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
     assert denied(bounded) == ALL_GPU_KEYS | MIG_CAPS  # without DRA state: an over-grant
-    (tmp_path / "kubelet" / "dra_manager_state").write_text(
-        json.dumps({"Data": json.dumps({"ClaimInfoStateList": [{"PodUIDs": {POD_UID: {}}}]}), "Checksum": 1})
+    (tmp_path / "kubelet" / "dra_manager_state").write_bytes(
+        dra_state([claim("c-1", "gpu", [POD_UID], [device(["k8s.gpu.nvidia.com/claim=c-1-gpu-3"])])])
     )
     rep = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
     assert (rep["verdict"], denied(rep)) == ("none", set())
