@@ -47,7 +47,7 @@ DEFAULTS = {
     "containerd_config": "/etc/containerd/config.toml",
 }
 BUNDLED = "python"  # the tree's self-contained interpreter, <version>/python (packaging/bundle-python)
-PLAIN_PATH = re.compile(r"/[A-Za-z0-9_.+/-]*")  # what the launcher and wrapper may name unquoted
+PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_.+-]+)+")  # what the launchers and the wrapper name unquoted
 OTHER_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
 RECORD = "install.json"
@@ -472,8 +472,9 @@ def install(node: Node) -> int:
     dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
     if dpkg_owned and node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
         raise InstallError("dpkg", PKG, "the package is installed by dpkg on this node: remove it first")
-    if not PLAIN_PATH.fullmatch(opts.libexec) or "//" in opts.libexec or opts.libexec.endswith("/"):
-        raise InstallError("--prefix", opts.libexec, "expected a plain absolute path")
+    for option, value in (("--prefix", opts.libexec), ("--python", opts.python or "/usr/bin/python3")):
+        if not PLAIN_PATH.fullmatch(value):
+            raise InstallError(option, value, "expected a plain absolute path")  # a launcher names it
     check_paths(node)
     python_version = check_python(node) if opts.python else f"{bundled_version(src)} (bundled)"
     version = _tree_version(src)

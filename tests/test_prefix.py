@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from hook import install
 from hook.doctor import LIBEXEC, installed_prefix
 
 
@@ -28,3 +31,17 @@ def test_a_checkout_or_a_venv_falls_back_to_the_default(tmp_path: Path) -> None:
     (tmp_path / "lib/hook").mkdir(parents=True)  # no launcher.py beside lib/
     assert installed_prefix(str(tmp_path / "lib/hook")) == LIBEXEC
     assert installed_prefix(str(Path(__file__).resolve().parents[1] / "hook")) == LIBEXEC
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--prefix", "opt/oci-device-hook"), ("--prefix", "/"), ("--prefix", "/opt//x"), ("--prefix", "/opt/x/"),
+     ("--prefix", "/opt/o'd"), ("--python", "/usr/bin/python3 -X"), ("--python", "python3")],
+)  # fmt: skip
+def test_a_prefix_or_python_a_launcher_could_not_name_plainly_is_refused(
+    option: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = install.main(["install", "--root", str(tmp_path), "--src", str(tmp_path), option, value])
+    err = capsys.readouterr().err
+    assert code == 1 and err == f"oci-device-hook: {option}: {value}: expected a plain absolute path\n"
+    assert list(tmp_path.iterdir()) == []
