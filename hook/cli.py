@@ -73,14 +73,14 @@ def _warn_missing_dirs(dirs: Any) -> None:
 def _options(o: dict[str, Any], *, use_cache: bool, resolve: bool = True) -> Any:
     """Options from the command line; with ``resolve``, what is not given comes from the settings
     file (``driver_root``, ``cdi_spec_dirs``), or the defaults when that file cannot be read."""
-    from hook.gather import Options, resolved
+    from hook.gather import Options, inventory_option, resolved
 
     _warn_missing_dirs(o.get("spec_dirs"))
 
     opts = Options(
         driver_root=o.get("driver_root"),
         spec_dirs=tuple(o.get("spec_dirs") or ()),
-        inventory_file=o.get("inventory_file"),
+        inventory_file=inventory_option(o.get("inventory_file")),
         settings_file=o.get("config_file"),
         use_cache=use_cache,
     )
@@ -264,6 +264,17 @@ def doctor(
     )
 
 
+@cli.command("serve")
+@click.option(
+    "--socket-dir", default="/run/oci-device-hook", type=PathArg, help="where the socket is made (0700)"
+)
+def serve_cmd(socket_dir: Path) -> None:
+    """Run the warm decider: live hooks on this node hand their containers to it (as root)."""
+    from hook.serve import serve
+
+    _finish("", serve(str(socket_dir)))
+
+
 @cli.command("log")
 @click.option("--config", "config_file", type=PathArg, help="settings file naming the log (log_file)")
 @click.option("--file", "log_file", type=PathArg, help="log file to read (default: the settings' log_file)")
@@ -272,6 +283,7 @@ def doctor(
 @click.option("--narrowed", is_flag=True, help="only containers narrowed to their allocation")
 @click.option("--namespace", default="", help="only pods of this namespace")
 @click.option("--pod", default="", help="only this pod (name)")
+@click.option("--warnings", is_flag=True, help="only records with warnings (text shows them under each)")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), help="output format")
 @click.pass_context
 def log_cmd(
@@ -285,6 +297,7 @@ def log_cmd(
     """Read the decision log: e.g. which containers were narrowed today (--since today --narrowed)."""
     from hook.logread import cmd_log
 
+    named = log_file is not None
     if log_file is None:
         from hook.settings import DEFAULT_PATH, load_settings
 
@@ -292,7 +305,7 @@ def log_cmd(
         path = config_file or root.get("config_file")
         settings = load_settings(path or DEFAULT_PATH, required=bool(path))
         log_file = Path(settings.log_file)
-    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", **filters))
+    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", must_exist=named, **filters))
 
 
 @cli.group("settings")
@@ -303,11 +316,14 @@ def settings_group() -> None:
 @settings_group.command("check")
 @click.argument("file", type=PathArg)
 def settings_check(file: Path) -> None:
-    """Validate FILE as the live hook would (unknown or duplicate keys, bad values): one line, exit 0/1."""
-    from hook.settings import load_settings
+    """Validate FILE as the live hook would (unknown or duplicate keys, bad values): every error, one
+    line each (an unknown key names the closest known one), exit 1; or one ok line, exit 0."""
+    from hook.settings import check_file
 
-    load_settings(file, required=True)  # a HookError is printed by ``run`` as one line, exit 1
-    _finish(f"{file}: ok", 0)
+    errors = check_file(file)
+    for error in errors:
+        click.echo(f"hook: {error}", err=True)
+    _finish("" if errors else f"{file}: ok", 1 if errors else 0)
 
 
 def run(argv: list[str]) -> int:

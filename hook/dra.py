@@ -7,8 +7,9 @@ one node-local record of it. It is evidence like the device-plugin checkpoint: a
 means no DRA on this node, and a file that cannot be read or trusted (truncated, oversized, a
 checksum that does not match) is reported and nothing is decided from it. Parsing takes bytes.
 
-Formats (research/dra-and-nri.md §1): 1.31 and later write ``{"Data": "<JSON text>", "Checksum":
-<uint32>}``, the checksum being CRC-32 (IEEE) of the ``Data`` text, the claims under ``Entries``
+Formats (kubernetes ``pkg/kubelet/cm/dra/state``, the kubelet's DRA checkpoint): 1.31 and later
+write ``{"Data": "<JSON text>", "Checksum": <uint32>}``, the checksum being CRC-32 (IEEE) of the
+``Data`` text, the claims under ``Entries``
 (newer kubelets: ``ClaimInfoStateList``). 1.27-1.30 wrote ``{"version": "v1", "entries": [...],
 "checksum": N}`` whose checksum hashes Go's own dump of the structs: it is read but cannot be
 verified here, so such a state is ``unverified``.

@@ -347,10 +347,15 @@ def well_formed(state: dict[str, Any], config: dict[str, Any]) -> bool:
             and (r.get("type") or "a") in ("a", "c", "b")
             and isinstance(r.get("access", "rwm"), str)
             and set(r.get("access", "rwm")) <= set("rwm")
-            and all(_opt(r, k, _is_int) for k in ("major", "minor"))
+            and all(_opt(r, k, _rule_number) for k in ("major", "minor"))
         ):
             return False
     return True
+
+
+def _rule_number(v: object) -> bool:
+    """``hook.oci``'s rule major/minor: a number, or -1 (any)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= -1
 
 
 def _list(v: object) -> list[Any]:

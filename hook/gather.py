@@ -53,6 +53,8 @@ __all__ = [
     "load_config",
     "load_inputs",
     "inputs_for_config",
+    "kubelet_evidence",
+    "inventory_option",
 ]
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -71,6 +73,15 @@ class Options:
     use_cache: bool = True  # simulation never writes caches
     dra_state: Path | None = None  # simulation's --kubelet-dra-state: wins over kubelet_dra_state
     settings: Settings | None = field(default=None, compare=False)
+
+
+def inventory_option(path: Path | None) -> Path | None:
+    """``--inventory`` as given: a file that is not there is an error, never "no inventory" (a
+    missing one would otherwise pass for a driver on a CPU node, or go unread without a word)."""
+    if path is not None and not path.is_file():
+        why = "not a regular file" if path.exists() else "no such file"
+        raise InputError(str(path), "", f"{why} (--inventory)")
+    return path
 
 
 def read_limited(path: Path, limit: int, what: str) -> bytes:
@@ -166,6 +177,18 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
     pod = ckpt.pod_of(annotations)
     if pod is None:
         return None
+    from hook import warm
+
+    # the decider keeps this pod's view while both kubelet files keep their identity
+    key = (warm.identity(settings.kubelet_checkpoint), warm.identity(settings.dra_state_path))
+    found: list[str] = []
+    slot = ("kubelet", settings.kubelet_checkpoint, settings.dra_state_path, pod.uid, pod.container)
+    view, said = warm.remembered(slot, key, lambda: (_read_kubelet(pod, settings, found), tuple(found)))
+    warnings += said
+    return view
+
+
+def _read_kubelet(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> ckpt.Kubelet:
     path = Path(settings.kubelet_checkpoint)
     dra_view = _dra(pod, settings, warnings)
 
@@ -193,6 +216,12 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
     except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
         warnings.append(f"{path}: cannot decode ({type(exc).__name__}); using the other evidence")
     return view("corrupt")
+
+
+def kubelet_evidence(annotations: Mapping[str, str], settings: Settings) -> ckpt.Kubelet | None:
+    """The kubelet's word on this container exactly as a decision reads it (its warnings dropped):
+    what the precreate marker binds, gathered again by the stage that checks the marker."""
+    return _kubelet(dict(annotations), settings, [])
 
 
 def _dra(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> DraView:
@@ -236,13 +265,20 @@ class _Resolver:
         self.warnings: list[str] = []
         self._has_specs: bool | None = None  # asked once per NVIDIA request; scanned once
         self._driver: bool | None = None
+        self.no_driver_for: list[str] = []  # "source=value" of requests left unserved: no driver
 
     def registry(self) -> Registry:
         if self._registry is None:
-            from hook.cdi.registry import Registry
+            from hook import warm
+            from hook.cdi.registry import Registry, spec_files
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
-            self._registry = Registry.load(list(self.opts.spec_dirs), cache)
+            dirs = list(self.opts.spec_dirs)
+            # the decider keeps the registry while every spec file (and the set of them) is the same
+            key = warm.identities(p for p, _ in spec_files(dirs)) if warm.enabled() else None
+            self._registry = warm.remembered(
+                ("cdi", tuple(map(str, dirs)), str(cache)), key, lambda: Registry.load(dirs, cache)
+            )
             for path, problems in sorted(self._registry.errors.items()):
                 self.warnings += [f"CDI spec skipped: {problem}" for problem in problems[:3]]
                 if len(problems) > 3:
@@ -272,6 +308,7 @@ class _Resolver:
         self.warnings.append(
             f"{req.source}={req.value}: no NVIDIA driver on this node: the container starts without a GPU"
         )
+        self.no_driver_for.append(f"{req.source}={req.value}")
         return ()
 
     def inventory(self) -> Inventory:
@@ -426,7 +463,8 @@ class _Resolver:
 
 
 def _is_mig_id(value: str) -> bool:
-    """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (nvidia-toolkit.md §1.3)."""
+    """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (the MIG forms NVIDIA's
+    container toolkit documents for ``NVIDIA_VISIBLE_DEVICES``)."""
     gpu, sep, mig = value.partition(":")
     return value.upper().startswith("MIG-") or (bool(sep) and gpu.isdigit() and mig.isdigit())
 
@@ -565,4 +603,5 @@ def inputs_for_config(
         specific_mig=resolver.specific_mig,
         host_dev=host_dev_roots(str(opts.driver_root)),
         warnings=(*warnings, *resolver.warnings),
+        no_driver_for=tuple(dict.fromkeys(resolver.no_driver_for)),
     )

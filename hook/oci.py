@@ -315,10 +315,22 @@ def parse_rule(d: Any, source: str, name: str) -> Rule:
     return Rule(
         allow=allow,
         type=kind,
-        major=_opt_int(d, "major", source, name),
-        minor=_opt_int(d, "minor", source, name),
+        major=_rule_number(d, "major", source, name),
+        minor=_rule_number(d, "minor", source, name),
         access=access,
     )
+
+
+def _rule_number(d: Mapping[str, Any], key: str, source: str, name: str) -> int | None:
+    """A rule's major or minor: absent, null or -1 is ``*`` (runc's ``devices.Wildcard``: Docker
+    writes ``--device-cgroup-rule 'c *:* rwm'`` as -1); any other negative number is refused,
+    as no runtime applies it the same way."""
+    value = _opt_int(d, key, source, name)
+    if value == -1:
+        return None
+    if value is not None and value < 0:
+        raise InputError(source, f"{name}.{key}", f"{value} is neither a number nor -1 (any)")
+    return value
 
 
 def _section(obj: Mapping[str, Any], key: str, source: str, prefix: str = "") -> Mapping[str, Any]:

@@ -128,35 +128,58 @@ def host_untouched() -> Iterator[None]:
     assert now == nodes, f"the suite changed the host's /dev: added {added}, removed {removed}"
 
 
+def _host_log_size() -> int:
+    try:
+        return HOST_LOG.lstat().st_size
+    except OSError:
+        return 0
+
+
+def _host_log_lines_of(basetemp: Path, since: int) -> list[str]:
+    """Lines added to the host's default log since offset ``since`` that name this session's temp
+    dir: this run wrote them (other processes on a shared machine may write that log too)."""
+    try:
+        with open(HOST_LOG, "rb") as f:
+            f.seek(since if since <= HOST_LOG.lstat().st_size else 0)
+            new = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in new.splitlines() if str(basetemp) in line]
+
+
 def _host_cache() -> dict[str, tuple[int, int]] | None:
-    """The cache dir (and the default log) as names -> (mtime, size), None when absent."""
+    """The cache dir as names -> (mtime, size), None when absent."""
     try:
-        found = {p.name: (p.lstat().st_mtime_ns, p.lstat().st_size) for p in HOST_CACHE_DIR.iterdir()}
+        return {p.name: (p.lstat().st_mtime_ns, p.lstat().st_size) for p in HOST_CACHE_DIR.iterdir()}
     except FileNotFoundError:
-        found = None
+        return None
     except OSError:
-        found = {}
-    try:
-        log = HOST_LOG.lstat()
-    except OSError:
-        return found
-    return {**(found or {}), str(HOST_LOG): (log.st_mtime_ns, log.st_size)}
+        return {}
 
 
 @pytest.fixture(autouse=True)
-def host_cache_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every hook run of a test has a private /run and /var/log (or its own cache dir and log).
+def host_cache_untouched(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Every hook run of a test has a private /run (or its own cache dir) and a private /var/log (or
+    its own log): the cache dir and default log are never written.
 
     Checked per test, so the one that wrote the session's cache dir or default log is named. As
     root these are the session's private copies (``private_run_and_log``): only this run's
     processes can change them, so another process writing the host's never fails a test here.
     """
-    before = _host_cache()
+    before, log_size = _host_cache(), _host_log_size()
     yield
     after = _host_cache()
     assert after == before, (
         f"{request.node.nodeid} wrote the host's {HOST_CACHE_DIR}: {before!r} -> {after!r} "
         "(run the hook in a private /run: tests.bundles.PRIVATE_RUN)"
+    )
+    ours = _host_log_lines_of(tmp_path_factory.getbasetemp(), log_size)
+    assert not ours, (
+        f"{request.node.nodeid} wrote the host's {HOST_LOG}: {ours[0][:300]!r} "
+        "(a settings file that names no log, or one that does not load, logs there: "
+        "run the hook with a private tmpfs over /var/log)"
     )
 
 

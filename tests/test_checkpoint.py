@@ -72,6 +72,11 @@ def test_no_entries(data: bytes) -> None:
             "Data.PodDeviceEntries[0].AllocResp",
             id="truncated-protobuf",
         ),
+        pytest.param(  # a varint cut after a continuation byte (fresh mutant s530669-032, issue 24)
+            checkpoint([{"AllocResp": base64.b64encode(b"\x2a\x80").decode()}]),
+            "Data.PodDeviceEntries[0].AllocResp",
+            id="truncated-varint",
+        ),
     ],
 )
 def test_corrupt_checkpoint_names_field(data: bytes, field: str) -> None:

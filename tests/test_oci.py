@@ -197,6 +197,16 @@ def _dev(**kw: object) -> dict[str, object]:
             "linux.resources.devices",
             id="rules-object",
         ),
+        pytest.param(
+            {"linux": {"resources": {"devices": [{"allow": True, "major": -2}]}}},
+            "linux.resources.devices[0].major",
+            id="rule-major-negative",
+        ),
+        pytest.param(
+            {"linux": {"resources": {"devices": [{"allow": False, "type": "c", "minor": -7}]}}},
+            "linux.resources.devices[0].minor",
+            id="rule-minor-negative",
+        ),
         pytest.param({"root": {"path": 1}}, "root.path", id="root-path-int"),
         pytest.param({"annotations": {"a": 1}}, "annotations.a", id="annotation-int"),
     ],
@@ -226,3 +236,24 @@ def test_u_device_is_char_and_rule_defaults() -> None:
     )
     assert c.devices[0].type == "c"
     assert c.resource_rules == (Rule(allow=True, type=DeviceType.ALL, access=Access.RWM),)
+
+
+def test_rule_number_minus_one_is_any_as_runc_reads_it() -> None:
+    """runc fills an absent major/minor with -1 (``devices.Wildcard``) and Docker writes
+    ``--device-cgroup-rule 'a *:* rwm'`` as major/minor -1: both mean ``*``. Read as the number -1,
+    such a rule looked narrower than what runc applies (issue 24: fresh mutant s530669-012,
+    ``allowlist.UNNAMED = -2``, survived because -1 rules matched the "unnamed" probes only)."""
+    from hook.requests import is_privileged
+
+    rules = [
+        {"allow": False, "access": "rwm"},
+        {"allow": True, "type": "a", "major": -1, "minor": -1, "access": "rwm"},
+        {"allow": True, "type": "c", "major": 195, "minor": -1, "access": "rw"},
+    ]
+    c = parse_config(cfg(linux={"resources": {"devices": rules}}), SRC, "/b")
+    assert c.resource_rules[1] == Rule(allow=True, type=DeviceType.ALL, access=Access.RWM)
+    assert c.resource_rules[2] == Rule(
+        allow=True, type=DeviceType.CHAR, major=195, access=Access.R | Access.W
+    )
+    assert c.resource_rules[2].v1_line() == "c 195:* rw"
+    assert is_privileged(c.resource_rules)
