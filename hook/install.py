@@ -555,9 +555,10 @@ def uninstall(node: Node) -> int:
         _say(f"nothing to remove under {node.root}: not installed (no {opts.state_dir}/{RECORD}, "
              f"no {opts.libexec})")
         return 0
+    prefix = rec.get("libexec") or opts.libexec  # the install's own prefix: no --prefix needed to undo it
     for path in {*_hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
         target = node.path(path, follow=False)
-        if target.exists() and _ours(target, opts.libexec):
+        if target.exists() and _ours(target, prefix):
             target.unlink()
     changed = False
     state = rec.get("containerd")
@@ -567,7 +568,7 @@ def uninstall(node: Node) -> int:
             node.path(shim).unlink(missing_ok=True)
         if state.get("backup"):
             node.path(state["backup"]).unlink(missing_ok=True)
-    base = node.path(rec.get("libexec") or opts.libexec)
+    base = node.path(prefix)
     for name in ("hook", "runtime", "installer", "current"):
         p = base / name
         if p.is_symlink() or p.is_file():

@@ -91,7 +91,7 @@ def test_a_node_without_python_and_with_a_read_only_usr_runs_containers_through_
         rec = _log(node)[-1]
         assert (rec["verdict"], rec["stage"]) == ("apply", "precreate"), rec
     finally:
-        gone = installer(node, tree, "uninstall", "--prefix", PREFIX)
+        gone = installer(node, tree, "uninstall")  # the record names the prefix
     assert gone.rc == 0, gone.stderr
     assert not (node / PREFIX.lstrip("/")).exists() and not hooks_file.exists()
     assert not os.path.lexists(node / "usr/bin/python3")
