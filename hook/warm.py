@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["enable", "enabled", "identity", "identities", "remembered"]
 
-MAX_SLOTS = 512
+MAX_SLOTS = 8192  # a 64-GPU + 224-MIG node keeps ~600 (one per GPU information and capability file)
 
 _on = False
 _slots: dict[object, tuple[object, object]] = {}

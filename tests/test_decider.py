@@ -380,3 +380,14 @@ def test_a_failed_view_is_not_kept(warm_on: None) -> None:
     with pytest.raises(ValueError):
         warm.remembered("x", 1, boom)
     assert warm.remembered("x", 1, lambda: 2) == 2
+
+
+def test_a_big_node_fits_without_thrashing(warm_on: None) -> None:
+    """A 64-GPU + 224-MIG node keeps ~600 parsed files: all stay (a cap of 512 cleared them on
+    every decision)."""
+    for i in range(2000):
+        warm.remembered(("f", i), 1, lambda: 0)
+    calls = []
+    for i in range(2000):
+        warm.remembered(("f", i), 1, lambda: calls.append(1))
+    assert calls == []
