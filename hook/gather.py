@@ -18,6 +18,7 @@ from hook.errors import InputError
 from hook.hostdev import host_dev_roots
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
+from hook.podid import identify
 from hook.record import field, record, replace
 from hook.requests import (
     DeviceRequest,
@@ -168,32 +169,52 @@ def read_regular(path: Path, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
+def _kubelet(
+    annotations: dict[str, str], cgroups_path: str, settings: Settings, warnings: list[str]
+) -> ckpt.Kubelet | None:
     """What the kubelet's checkpoint and DRA state say about this container; None outside Kubernetes.
 
     Never raises: a missing, unreadable or corrupt file is a state the decision weighs (and a
-    warning), so a container that asks for no device always starts.
+    warning), so a container that asks for no device always starts. A pod identity that is not
+    its engine's own (``hook.podid``) consults neither: state ``untrusted``.
     """
-    pod = ckpt.pod_of(annotations)
-    if pod is None:
-        return None
+    ident = identify(annotations, cgroups_path)
+    if ident.pod is None:
+        if not ident.problem:
+            return None
+        consequence = "no allocation counts and env requests are ignored"
+        warnings.append(f"no trusted pod identity: {ident.problem}; {consequence}")
+        anonymous = ckpt.Pod(uid="", container="", namespace="", name="")
+        checkpoint = settings.kubelet_checkpoint
+        return ckpt.Kubelet(pod=anonymous, checkpoint=checkpoint, state="untrusted", problem=ident.problem)
+    pod, engine = ident.pod, ident.engine
     from hook import warm
 
     # the decider keeps this pod's view while both kubelet files keep their identity
     key = (warm.identity(settings.kubelet_checkpoint), warm.identity(settings.dra_state_path))
     found: list[str] = []
-    slot = ("kubelet", settings.kubelet_checkpoint, settings.dra_state_path, pod.uid, pod.container)
-    view, said = warm.remembered(slot, key, lambda: (_read_kubelet(pod, settings, found), tuple(found)))
+    files = (settings.kubelet_checkpoint, settings.dra_state_path)
+    slot = ("kubelet", *files, pod.uid, pod.container, pod.namespace, pod.name, engine)
+    view, said = warm.remembered(
+        slot, key, lambda: (_read_kubelet(pod, engine, settings, found), tuple(found))
+    )
     warnings += said
     return view
 
 
-def _read_kubelet(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> ckpt.Kubelet:
+def _read_kubelet(pod: ckpt.Pod, engine: str, settings: Settings, warnings: list[str]) -> ckpt.Kubelet:
     path = Path(settings.kubelet_checkpoint)
     dra_view = _dra(pod, settings, warnings)
 
     def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
-        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs, dra_view=dra_view)
+        return ckpt.Kubelet(
+            pod=pod,
+            checkpoint=str(path),
+            state=state,
+            allocations=allocs,
+            dra_view=dra_view,
+            engine=engine,
+        )
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the container's start
@@ -218,10 +239,12 @@ def _read_kubelet(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> ckp
     return view("corrupt")
 
 
-def kubelet_evidence(annotations: Mapping[str, str], settings: Settings) -> ckpt.Kubelet | None:
+def kubelet_evidence(
+    annotations: Mapping[str, str], cgroups_path: str, settings: Settings
+) -> ckpt.Kubelet | None:
     """The kubelet's word on this container exactly as a decision reads it (its warnings dropped):
     what the precreate marker binds, gathered again by the stage that checks the marker."""
-    return _kubelet(dict(annotations), settings, [])
+    return _kubelet(dict(annotations), cgroups_path, settings, [])
 
 
 def _dra(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> DraView:
@@ -239,7 +262,7 @@ def _dra(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> DraView:
         warnings.append(f"{exc}; nothing decided from the kubelet's DRA state")
         return DraView(path=path, state="unreadable")
     try:
-        state = dra.parse_state(data, path)
+        state = dra.parse_state(data, path, pod.uid)
     except InputError as exc:
         warnings.append(f"{exc}; nothing decided from the kubelet's DRA state")
         return DraView(path=path, state="corrupt")
@@ -577,7 +600,8 @@ def inputs_for_config(
     opts = resolved(opts, settings)
     warnings: list[str] = []
     annotations = {**config.annotations, **annotations}
-    requests = collect(config, annotations, settings, _kubelet(annotations, settings, warnings))
+    kubelet = _kubelet(annotations, config.cgroups_path, settings, warnings)
+    requests = collect(config, annotations, settings, kubelet)
     resolver = _Resolver(opts, settings, config, requests)
     grants = resolver.resolve_all()
     if any(dra_claim_of(r) for r in requests.items):

@@ -7,7 +7,6 @@ already let through every container that needs nothing, so the hook never blocks
 
 from __future__ import annotations
 
-import posixpath
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -95,6 +94,7 @@ def _log(
     annotations: Mapping[str, str],
     opts: dict[str, list[str]],
     session: Session,
+    cgroups_path: str = "",
 ) -> None:
     import json
 
@@ -105,7 +105,7 @@ def _log(
     s = settings or Settings()
     if session.warnings:
         record = {**record, "warnings": [*record.get("warnings", ()), *session.warnings]}
-    line = stamp(record, annotations)
+    line = stamp(record, annotations, cgroups_path=cgroups_path)
     if "--log" not in opts and session.by_hand():
         sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
         session.err(f"oci-device-hook: run by hand: not appended to {s.log_file} (--log does)\n")
@@ -139,7 +139,9 @@ def _settings_cannot_matter(config: OciConfig, annotations: Mapping[str, str]) -
         return False
     if any("cdi" in key.lower() for key in annotations):
         return False
-    return not any(m.source and posixpath.normpath(m.source) == "/dev/null" for m in config.mounts)
+    from hook.kpath import host_source
+
+    return not any(m.source and host_source(m.source, config.bundle) == "/dev/null" for m in config.mounts)
 
 
 def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]], session: Session) -> int:
@@ -148,13 +150,13 @@ def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]
     A container that asks for no device under any settings starts (the error is logged and
     printed as a warning, once per container); any other container fails closed with the error.
     """
-    container = ""
+    container = cgroups = ""
     annotations: Mapping[str, str] = {}
     try:
         state = parse_state(stdin, STDIN)
         container = state.id
         config = load_config(state)
-        annotations = {**config.annotations, **state.annotations}
+        annotations, cgroups = {**config.annotations, **state.annotations}, config.cgroups_path
         harmless = _settings_cannot_matter(config, annotations)
     except HookError:
         harmless = False
@@ -164,11 +166,11 @@ def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]
         session.commit()
         session.err(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
         reason = "settings file broken; the container asks for no device"
-        _log({**record, "verdict": "none", "reason": reason}, logs, annotations, opts, session)
+        _log({**record, "verdict": "none", "reason": reason}, logs, annotations, opts, session, cgroups)
         return 0
     session.commit()
     session.err(f"oci-device-hook: {error}\n")
-    _log({**record, "verdict": "error"}, logs, annotations, opts, session)
+    _log({**record, "verdict": "error"}, logs, annotations, opts, session, cgroups)
     return error.exit_code
 
 
@@ -191,7 +193,8 @@ def _decided_before(config: OciConfig, annotations: Mapping[str, str], settings:
     key = load_key(Path(settings.cache_dir), create=False)
     if key is None:
         return False
-    return verify(key, config, binding(kubelet_evidence(annotations, settings), settings))
+    evidence = kubelet_evidence(annotations, config.cgroups_path, settings)
+    return verify(key, config, binding(evidence, settings))
 
 
 def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
@@ -212,7 +215,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes, session: Session | None =
     """
     session = session or Session()
     settings: Settings | None = None
-    container = ""
+    container = cgroups = ""
     annotations: Mapping[str, str] = {}
     try:
         options = options_from(opts, use_cache=True)
@@ -228,16 +231,16 @@ def run_live(opts: dict[str, list[str]], stdin: bytes, session: Session | None =
         container = state.id
         annotations = state.annotations
         config = load_config(state)
-        annotations = {**config.annotations, **state.annotations}
+        annotations, cgroups = {**config.annotations, **state.annotations}, config.cgroups_path
         if _decided_before(config, annotations, settings):
             record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
-            _log({**record, "container": {"id": container}}, settings, annotations, opts, session)
+            _log({**record, "container": {"id": container}}, settings, annotations, opts, session, cgroups)
             return 0
         inputs = load_inputs(state, replace(options, settings=settings), config)
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
-            _log(report, settings, annotations, opts, session)
+            _log(report, settings, annotations, opts, session, cgroups)
             session.err(f"oci-device-hook: deny: {clean(plan.reason)}\n")
             return 3
         if plan.changes:
@@ -257,7 +260,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes, session: Session | None =
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
             report["warnings"] += _skipped_warnings(applied.skipped)
-        _log(report, settings, annotations, opts, session)
+        _log(report, settings, annotations, opts, session, cgroups)
         return 0
     except HookError as exc:
         session.err(f"oci-device-hook: {exc}\n")
@@ -267,5 +270,6 @@ def run_live(opts: dict[str, list[str]], stdin: bytes, session: Session | None =
             annotations,
             opts,
             session,
+            cgroups,
         )
         return exc.exit_code

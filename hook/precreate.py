@@ -64,7 +64,8 @@ def _log(record: dict[str, Any], settings: Settings | None, config: OciConfig | 
     from hook.logrecord import stamp
 
     s = settings or Settings()
-    line = stamp(record, dict(config.annotations) if config is not None else {})
+    annotations, cgroups = (dict(config.annotations), config.cgroups_path) if config is not None else ({}, "")
+    line = stamp(record, annotations, cgroups_path=cgroups)
     problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
         sys.stderr.write(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")

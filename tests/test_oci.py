@@ -197,16 +197,6 @@ def _dev(**kw: object) -> dict[str, object]:
             "linux.resources.devices",
             id="rules-object",
         ),
-        pytest.param(
-            {"linux": {"resources": {"devices": [{"allow": True, "major": -2}]}}},
-            "linux.resources.devices[0].major",
-            id="rule-major-negative",
-        ),
-        pytest.param(
-            {"linux": {"resources": {"devices": [{"allow": False, "type": "c", "minor": -7}]}}},
-            "linux.resources.devices[0].minor",
-            id="rule-minor-negative",
-        ),
         pytest.param({"root": {"path": 1}}, "root.path", id="root-path-int"),
         pytest.param({"annotations": {"a": 1}}, "annotations.a", id="annotation-int"),
     ],
@@ -257,3 +247,19 @@ def test_rule_number_minus_one_is_any_as_runc_reads_it() -> None:
     )
     assert c.resource_rules[2].v1_line() == "c 195:* rw"
     assert is_privileged(c.resource_rules)
+
+
+def test_any_negative_rule_number_is_any_as_runc_and_crun_filter_it() -> None:
+    """runc's eBPF filter checks a number only when it is ``>= 0`` (opencontainers/cgroups
+    ``devicefilter.go``: ``hasMajor := rule.Major >= 0``), crun's likewise (``ebpf.c``); runc's v1
+    path refuses other negatives in the kernel. So -2 and -7 are ``*`` (issue 21 item 2), for an
+    allow and a deny alike, never a number that matches nothing."""
+    rules = [
+        {"allow": True, "type": "c", "major": -2, "access": "rw"},
+        {"allow": False, "type": "c", "minor": -7, "access": "w"},
+    ]
+    c = parse_config(cfg(linux={"resources": {"devices": rules}}), SRC, "/b")
+    assert c.resource_rules == (
+        Rule(allow=True, type=DeviceType.CHAR, access=Access.R | Access.W),
+        Rule(allow=False, type=DeviceType.CHAR, access=Access.W),
+    )

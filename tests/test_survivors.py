@@ -87,7 +87,6 @@ BROKEN = {
     "rule-allow": ("linux.resources.devices.0.allow", "no"),
     "rule-access": ("linux.resources.devices.0.access", "rwx"),
     "rule-type": ("linux.resources.devices.0.type", "z"),
-    "rule-major-negative": ("linux.resources.devices.0.major", -2),
     "resources": ("linux.resources", []),
     "env": ("process.env", "LANG=C"),
     "annotations": ("annotations", {"a": 1}),
