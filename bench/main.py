@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import bundles, cdi_resolve, hosts, linearity
-from bench.timing import Pair, Sample, paired, timed_process
+from bench.rows import Row
+from bench.timing import Sample, paired, timed_process
 from bench.wrapper import wrapper_rows
 
 REPO = bundles.REPO
@@ -34,18 +35,6 @@ DOC = REPO / "docs" / "performance.md"
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 CGROUP_PARENT = "odh-bench"
 NS_MARK = "ODH_BENCH_PRIVATE_NS"
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    label: str
-    base: str
-    pair: Pair
-    target: float | None = None  # None: shown for information
-
-    @property
-    def passed(self) -> bool | None:
-        return None if self.target is None else self.pair.ratio <= self.target
 
 
 @dataclass
@@ -313,8 +302,8 @@ class Bench:
         out = self.tmp / "hookproc-nodev.jsonl"
         timed_process([*proc, str(out), "--"], self.tmp / "state-nodev.json", "hookproc nodev")()
         rec = _last(out)
-        fast = rec["hook_modules"] == ["hook", "hook.entry"] and not rec["heavy_stdlib"]
-        self.check("(1)/(3) no-device: fast path (hook.entry only, no json/re/enum), no pynvml",
+        fast = rec["hook_modules"] == ["hook", "hook.entry", "hook.fastpath"] and not rec["heavy_stdlib"]
+        self.check("(1)/(3) no-device: fast path (entry + fastpath only, no json/re/enum), no pynvml",
                    rec["rc"] == 0 and fast and not rec["pynvml"],
                    f"exit {rec['rc']}, {rec['new_modules']} modules loaded, hook modules "
                    f"{rec['hook_modules']}, heavy stdlib {rec['heavy_stdlib']}")

@@ -59,6 +59,12 @@ TESTS: dict[str, list[str]] = {
         "tests/test_fastpath_settings.py",
         "tests/test_cli.py",
     ],
+    "hook/fastpath.py": [
+        "tests/test_fastpath.py",
+        "tests/test_survivors.py",
+        "tests/test_fastpath_settings.py",
+        "tests/test_cachefile.py",
+    ],
 }
 TARGETS = [
     "hook/decide.py",
@@ -75,6 +81,7 @@ TARGETS = [
     "hook/nvidia/procfs.py",
     "hook/nvidia/snapshot.py",
     "hook/entry.py",
+    "hook/fastpath.py",
 ]
 _IGNORE = shutil.ignore_patterns(
     ".venv", ".git", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "*.egg-info"

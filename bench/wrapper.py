@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bundles
+from bench.rows import Row
 from bench.timing import Sample, paired
 
 __all__ = ["wrapper_rows"]
@@ -47,10 +48,8 @@ def _sample(
     return run
 
 
-def wrapper_rows(b: Any, runc: str) -> list[Any]:
+def wrapper_rows(b: Any, runc: str) -> list[Row]:
     """Rows (7a) and (7b); ``b`` is ``bench.main.Bench`` (its launcher, rootfs, driver root, settings)."""
-    from bench.main import Row
-
     wrapper = b.launcher.parent / "runtime"
     shutil.copy2(bundles.REPO / "packaging" / "runtime", wrapper)
     settings = b.tmp / "wrapper-settings.yaml"

@@ -3,7 +3,7 @@
 Rule: a cache only ever costs or saves time, never decides. The directory is this user's, mode
 0700, and never followed through a symlink; a file is read only after ``fstat`` on the opened
 (``O_NOFOLLOW|O_NONBLOCK``) descriptor says regular, ours, not group/other-writable and under
-the caller's size cap (``hook.entry.read_private``, shared with the fast path, which may import
+the caller's size cap (``hook.fastpath.read_private``, shared with the fast path, which may import
 nothing else). Each record carries its format version and the hook's version (``stamp``,
 ``current``); anything else is a miss the caller rebuilds. A write goes to an ``O_EXCL`` temp
 file in the directory, renamed over the target, removed on failure; temp files a killed hook
@@ -17,7 +17,7 @@ import os
 import stat
 import time
 
-from hook.entry import open_private, read_private
+from hook.fastpath import open_private, read_private
 from hook.version import VERSION
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)

@@ -159,7 +159,7 @@ def _tree_version(src: Path) -> str:
 # --- install steps -------------------------------------------------------------------------------------
 
 
-_IMPORT_CHECK = "import hook.entry, hook.live, hook.settings"
+_IMPORT_CHECK = "import hook.entry, hook.fastpath, hook.live, hook.settings"
 
 
 def _stage_version(node: Node, src: Path, version: str) -> None:

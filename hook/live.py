@@ -1,7 +1,7 @@
 """Live mode: decide for the starting container and apply the Plan before its process runs.
 
 Rule: fail closed for a container that asked for devices or must be narrowed (any error exits
-non-zero, so the runtime aborts it, with everything undone); the fast path in ``hook.entry`` has
+non-zero, so the runtime aborts it, with everything undone); the fast path in ``hook.fastpath`` has
 already let through every container that needs nothing, so the hook never blocks those.
 """
 
@@ -98,7 +98,7 @@ def _settings_cannot_matter(config: OciConfig, annotations: Mapping[str, str]) -
     CDI (a custom prefix might match it) and any ``/dev/null`` mount (a custom volume-mount root
     might hold it) count as a possible request.
     """
-    from hook.entry import DEFAULT_MOUNT_ROOT, DEFAULT_PREFIXES, needs_decision
+    from hook.fastpath import DEFAULT_MOUNT_ROOT, DEFAULT_PREFIXES, needs_decision
 
     if needs_decision(dict(config.raw), dict(annotations), DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT):
         return False

@@ -161,8 +161,8 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
 
 
 def _passes_through(stdin: bytes) -> bool:
-    """With default settings, this config asks for no device and is not widened (``hook.entry``'s test)."""
-    from hook.entry import needs_decision
+    """With default settings, this config asks for no device and is not widened (``hook.fastpath``'s test)."""
+    from hook.fastpath import needs_decision
 
     try:
         config = json.loads(stdin)

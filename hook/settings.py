@@ -289,7 +289,7 @@ def _compiled(path: Path) -> Settings | None:
     this hook cannot read back (planted, or another version's) is a miss like any other."""
     import os
 
-    from hook.entry import fastpath_record
+    from hook.fastpath import fastpath_record
 
     directory, name = os.path.split(str(FASTPATH_CACHE))
     try:
@@ -331,7 +331,7 @@ FASTPATH_ENTRIES = 16  # settings files remembered at once (engines, test runs);
 
 
 def remember_for_fast_path(path: Path, settings: Settings) -> str | None:
-    """Compile what ``hook.entry``'s fast path needs from a custom settings file, keyed by its
+    """Compile what ``hook.fastpath`` needs from a custom settings file, keyed by its
     path and identity; other files' entries stay (up to ``FASTPATH_ENTRIES``).
 
     Returns a warning text instead of raising: a missing cache only costs speed, never a decision.
@@ -339,7 +339,7 @@ def remember_for_fast_path(path: Path, settings: Settings) -> str | None:
     import json
     import os
 
-    from hook.entry import FASTPATH_FORMAT, _loads, settings_identity
+    from hook.fastpath import FASTPATH_FORMAT, loads, settings_identity
 
     if _compiled(path) is not None:
         return None  # already compiled from this very file: nothing to write
@@ -352,7 +352,7 @@ def remember_for_fast_path(path: Path, settings: Settings) -> str | None:
     files: dict[str, Any] = {}
     old = cachefile.read(directory, name, FASTPATH_MAX)
     try:
-        doc: Any = _loads(old) if old is not None else None
+        doc: Any = loads(old) if old is not None else None
         if cachefile.current(doc, "fastpath", FASTPATH_FORMAT) and isinstance(doc["files"], dict):
             files = dict(doc["files"])
     except Exception:  # an unreadable record is simply replaced

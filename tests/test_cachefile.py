@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hook import cachefile, entry, settings
+from hook import cachefile, fastpath, settings
 from hook.cdi import cache as cdi_cache
 from hook.cdi.registry import Registry
 from hook.version import VERSION
@@ -46,7 +46,7 @@ def deadline() -> Iterator[None]:
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The fast-path record lives in ``run_dir`` for this test."""
     target = tmp_path / "run" / "fastpath.json"
-    monkeypatch.setattr(entry, "FASTPATH_CACHE", str(target))
+    monkeypatch.setattr(fastpath, "FASTPATH_CACHE", str(target))
     monkeypatch.setattr(settings, "FASTPATH_CACHE", target)
     return target.parent
 
@@ -59,7 +59,7 @@ def custom_settings(tmp_path: Path, text: str = "cdi_annotation_prefixes: [examp
 
 def compile_record(path: Path) -> None:
     assert settings.remember_for_fast_path(path, settings.load_settings(path)) is None
-    assert entry._fast_settings(str(path)) == (("example.com/cdi-",), entry.DEFAULT_MOUNT_ROOT)
+    assert fastpath.fast_settings(str(path)) == (("example.com/cdi-",), fastpath.DEFAULT_MOUNT_ROOT)
 
 
 # --- what may be planted in place of a record --------------------------------------------------
@@ -139,11 +139,11 @@ def test_fast_path_record_planted_is_a_quick_miss(
     compile_record(path)
     plant(run_dir / "fastpath.json")
     start = time.monotonic()
-    assert entry._fast_settings(str(path)) is None  # the full path decides, and rewrites
+    assert fastpath.fast_settings(str(path)) is None  # the full path decides, and rewrites
     assert settings.load_settings(path).cdi_annotation_prefixes == ("example.com/cdi-",)
     assert time.monotonic() - start < 2
     assert settings.remember_for_fast_path(path, settings.load_settings(path)) is None
-    assert entry._fast_settings(str(path)) == (("example.com/cdi-",), entry.DEFAULT_MOUNT_ROOT)
+    assert fastpath.fast_settings(str(path)) == (("example.com/cdi-",), fastpath.DEFAULT_MOUNT_ROOT)
     assert (run_dir / "fastpath.json").is_file() and not (run_dir / "fastpath.json").is_symlink()
 
 
@@ -166,14 +166,15 @@ def test_record_of_another_version_with_an_extra_key_is_rewritten(tmp_path: Path
     path = custom_settings(tmp_path, "privileged_allocation: reject\n")
     st = path.stat()
     doc = settings._document(settings.Settings())
-    for version, fmt in (("9.9.9", entry.FASTPATH_FORMAT), ("0.1.0", entry.FASTPATH_FORMAT), ("0.0.1", 1)):
+    fmt_now = fastpath.FASTPATH_FORMAT
+    for version, fmt in (("9.9.9", fmt_now), ("0.1.0", fmt_now), ("0.0.1", 1)):
         record = {
             "kind": "fastpath",
             "format": fmt,
             "hook": version if version != "0.1.0" else VERSION,
             "files": {
                 str(path): {
-                    "key": entry.settings_identity(str(path), st),
+                    "key": fastpath.settings_identity(str(path), st),
                     "cdi_annotation_prefixes": ["cdi.k8s.io/"],
                     "volume_mount_root": "/x",
                     "settings": {**doc, "new_knob_of_another_version": True},
@@ -198,7 +199,7 @@ def test_old_single_file_record_is_a_miss(tmp_path: Path, run_dir: Path) -> None
            "volume_mount_root": "/y", "settings": {}}
     (run_dir / "fastpath.json").write_text(json.dumps(old))
     (run_dir / "fastpath.json").chmod(0o600)
-    assert entry._fast_settings(str(path)) is None
+    assert fastpath.fast_settings(str(path)) is None
 
 
 def test_several_settings_files_keep_their_records(tmp_path: Path, run_dir: Path) -> None:
@@ -209,8 +210,8 @@ def test_several_settings_files_keep_their_records(tmp_path: Path, run_dir: Path
         paths.append(custom_settings(tmp_path / f"s{n}", f"cdi_annotation_prefixes: [p{n}.io/]\n"))
     for p in paths:
         assert settings.remember_for_fast_path(p, settings.load_settings(p)) is None
-    assert [entry._fast_settings(str(p)) for p in paths] == [
-        ((f"p{n}.io/",), entry.DEFAULT_MOUNT_ROOT) for n in range(3)
+    assert [fastpath.fast_settings(str(p)) for p in paths] == [
+        ((f"p{n}.io/",), fastpath.DEFAULT_MOUNT_ROOT) for n in range(3)
     ]
 
 
@@ -228,7 +229,7 @@ def test_symlinked_directory_is_not_followed(tmp_path: Path, run_dir: Path) -> N
     compile_target = tmp_path / "direct"
     assert cachefile.write(str(compile_target), "x", b"{}") is None
     os.rename(compile_target / "x", real / "fastpath.json")
-    assert entry._fast_settings(str(path)) is None
+    assert fastpath.fast_settings(str(path)) is None
 
 
 @pytest.mark.parametrize("mode", [0o755, 0o777, 0o770])
@@ -238,17 +239,17 @@ def test_directory_open_to_others_is_not_trusted_then_narrowed(
     path = custom_settings(tmp_path)
     compile_record(path)
     run_dir.chmod(mode)
-    assert entry._fast_settings(str(path)) is None
+    assert fastpath.fast_settings(str(path)) is None
     assert settings.remember_for_fast_path(path, settings.load_settings(path)) is None
     assert run_dir.stat().st_mode & 0o777 == 0o700
-    assert entry._fast_settings(str(path)) is not None
+    assert fastpath.fast_settings(str(path)) is not None
 
 
 def test_directory_of_another_user_is_never_used(tmp_path: Path, run_dir: Path) -> None:
     path = custom_settings(tmp_path)
     compile_record(path)
     os.chown(run_dir, NOBODY, NOBODY)
-    assert entry._fast_settings(str(path)) is None
+    assert fastpath.fast_settings(str(path)) is None
     assert settings.remember_for_fast_path(path, settings.load_settings(path)) is not None
     assert run_dir.stat().st_uid == NOBODY
 

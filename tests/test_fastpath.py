@@ -1,5 +1,5 @@
-"""The live fast path: a no-device container is answered by hook.entry alone (no click, yaml, pynvml,
-no decision modules); anything that needs a decision takes the full path."""
+"""The live fast path: a no-device container is answered by hook.entry and hook.fastpath alone (no
+click, yaml, pynvml, no decision modules); anything that needs a decision takes the full path."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import hook.entry
-from hook.entry import needs_decision
+import hook.fastpath
+from hook.fastpath import needs_decision
 from tests.bundles import PRIVATE_RUN, config, gen, state, write_bundle
 
 # The log is stubbed (as module hook.log) so a slow-path run writes nothing outside tmp.
@@ -26,7 +27,8 @@ sys.argv = ["hook"]
 import os
 import hook.entry
 from hook.entry import main
-hook.entry.DEFAULT_SETTINGS = os.environ.get("ODH_PROBE_SETTINGS", hook.entry.DEFAULT_SETTINGS)
+import hook.fastpath
+hook.fastpath.DEFAULT_SETTINGS = os.environ.get("ODH_PROBE_SETTINGS", hook.fastpath.DEFAULT_SETTINGS)
 rc = main()
 top = ("click", "yaml", "pynvml", "hook")
 mods = sorted(m for m in sys.modules if m.split(".")[0] in top and m != "hook.log")
@@ -57,7 +59,7 @@ def probe(
 def test_no_device_container_loads_only_the_entry(tmp_path: Path) -> None:
     bundle = write_bundle(tmp_path / "b", config(["LANG=C"], devices=[gen.node("/dev/fuse", 10, 229)]))
     mods, calls, rc = probe(state(bundle, pid=4242))
-    assert (mods, calls, rc) == (["hook", "hook.entry"], [], 0)
+    assert (mods, calls, rc) == (["hook", "hook.entry", "hook.fastpath"], [], 0)
 
 
 def test_decision_needed_takes_the_slow_path(tmp_path: Path) -> None:
@@ -121,9 +123,9 @@ def test_state_over_1_mib_takes_the_full_path(tmp_path: Path) -> None:
     opts = {"--config": [str(tmp_path / "absent.yaml")]}
     small = state(bundle)
     at_limit = small + b" " * ((1 << 20) - len(small))
-    assert hook.entry._fast_path(opts, small)
-    assert hook.entry._fast_path(opts, at_limit)
-    assert not hook.entry._fast_path(opts, at_limit + b" ")
+    assert hook.fastpath.fast_path(opts, small)
+    assert hook.fastpath.fast_path(opts, at_limit)
+    assert not hook.fastpath.fast_path(opts, at_limit + b" ")
 
 
 def test_config_without_its_value_is_the_clis_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hook import entry, settings
+from hook import fastpath, settings
 
 INVENTORY = Path(__file__).resolve().parents[1] / "examples" / "node" / "inventory.json"
 
@@ -18,7 +18,7 @@ INVENTORY = Path(__file__).resolve().parents[1] / "examples" / "node" / "invento
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     target = tmp_path / "run" / "fastpath.json"
-    monkeypatch.setattr(entry, "FASTPATH_CACHE", str(target))
+    monkeypatch.setattr(fastpath, "FASTPATH_CACHE", str(target))
     monkeypatch.setattr(settings, "FASTPATH_CACHE", target)
     return target
 
@@ -30,19 +30,19 @@ def write_settings(tmp_path: Path, text: str) -> Path:
 
 
 def test_absent_or_commented_settings_use_defaults(tmp_path: Path, cache: Path) -> None:
-    assert entry._fast_settings(str(tmp_path / "missing.yaml")) == (
+    assert fastpath.fast_settings(str(tmp_path / "missing.yaml")) == (
         ("cdi.k8s.io/",),
-        entry.DEFAULT_MOUNT_ROOT,
+        fastpath.DEFAULT_MOUNT_ROOT,
     )
     commented = write_settings(tmp_path, "---\n# privileged_allocation: reject\n\n")
-    assert entry._fast_settings(str(commented)) == (("cdi.k8s.io/",), entry.DEFAULT_MOUNT_ROOT)
+    assert fastpath.fast_settings(str(commented)) == (("cdi.k8s.io/",), fastpath.DEFAULT_MOUNT_ROOT)
 
 
 def test_custom_settings_need_the_full_path_once(tmp_path: Path, cache: Path) -> None:
     path = write_settings(tmp_path, "cdi_annotation_prefixes: [example.com/cdi-]\n")
-    assert entry._fast_settings(str(path)) is None  # nothing compiled yet: take the full path
+    assert fastpath.fast_settings(str(path)) is None  # nothing compiled yet: take the full path
     assert settings.remember_for_fast_path(path, settings.load_settings(path)) is None
-    assert entry._fast_settings(str(path)) == (("example.com/cdi-",), entry.DEFAULT_MOUNT_ROOT)
+    assert fastpath.fast_settings(str(path)) == (("example.com/cdi-",), fastpath.DEFAULT_MOUNT_ROOT)
 
 
 def test_an_edited_settings_file_invalidates_the_cache(tmp_path: Path, cache: Path) -> None:
@@ -50,20 +50,20 @@ def test_an_edited_settings_file_invalidates_the_cache(tmp_path: Path, cache: Pa
     settings.remember_for_fast_path(path, settings.load_settings(path))
     path.write_text("cdi_annotation_prefixes: [b.io/, c.io/]\n")
     os.utime(path, ns=(1, 1))
-    assert entry._fast_settings(str(path)) is None
+    assert fastpath.fast_settings(str(path)) is None
 
 
 def test_corrupt_cache_means_full_path(tmp_path: Path, cache: Path) -> None:
     path = write_settings(tmp_path, "privileged_allocation: reject\n")
     cache.parent.mkdir(parents=True)
     cache.write_text("{not json")
-    assert entry._fast_settings(str(path)) is None
+    assert fastpath.fast_settings(str(path)) is None
 
 
 def test_custom_prefix_routes_a_container_to_the_full_path(tmp_path: Path, cache: Path) -> None:
     config = {"process": {"env": ["PATH=/bin"]}, "linux": {}}
-    assert not entry.needs_decision(config, {"example.com/cdi-x": "v/c=d"})
-    assert entry.needs_decision(config, {"example.com/cdi-x": "v/c=d"}, ("example.com/cdi-",))
+    assert not fastpath.needs_decision(config, {"example.com/cdi-x": "v/c=d"})
+    assert fastpath.needs_decision(config, {"example.com/cdi-x": "v/c=d"}, ("example.com/cdi-",))
 
 
 def test_fast_path_answers_with_compiled_custom_settings(
@@ -75,7 +75,7 @@ def test_fast_path_answers_with_compiled_custom_settings(
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}}))
     state = json.dumps({"id": "c1", "pid": 1, "bundle": str(bundle)}).encode()
-    assert entry._fast_path({"--config": [str(path)]}, state) is True
+    assert fastpath.fast_path({"--config": [str(path)]}, state) is True
 
 
 def test_live_full_path_reads_compiled_settings_without_yaml(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_live_full_path_reads_compiled_settings_without_yaml(tmp_path: Path) -> 
     (bundle / "config.json").write_text(json.dumps(config))
     state = json.dumps({"id": "c1", "bundle": str(bundle)}).encode()
     code = (
-        "import sys; from pathlib import Path; import hook.entry as e, hook.settings as s; "
+        "import sys; from pathlib import Path; import hook.fastpath as e, hook.settings as s; "
         f"e.FASTPATH_CACHE = {str(tmp_path / 'fp.json')!r}; s.FASTPATH_CACHE = Path(e.FASTPATH_CACHE); "
         "from hook.live import run_live; "
         f"opts = {{'--config': [{str(path)!r}], '--inventory': [{str(INVENTORY)!r}]}}; "

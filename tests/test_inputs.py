@@ -122,7 +122,7 @@ def test_fast_path_json_trick_never_raises_scanner_internals() -> None:
     """In a fresh process (``json`` not imported) the C scanner fails truncated escapes with a
     ``SystemError``: ``_loads`` must answer like ``json.loads`` instead (a ValueError)."""
     code = (
-        "from hook.entry import _loads\n"
+        "from hook.fastpath import loads as _loads\n"
         "out = []\n"
         "for d in [b'\"\\\\u12', b'\"\\\\', b'{\"a\":\"\\\\u00', b'\"a', b'{\"\\\\u', b'1' * 5000, "
         "b'[' * 3000 + b']' * 3000]:\n"

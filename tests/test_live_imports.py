@@ -35,7 +35,8 @@ pytestmark = pytest.mark.skipif(
 
 # Our modules on this path: adding one is a decision, not an accident.
 HOOK_MODULES = {
-    "hook", "hook.entry", "hook.live", "hook.errors", "hook.record", "hook.rules", "hook.oci", "hook.plan",
+    "hook", "hook.entry", "hook.fastpath", "hook.live", "hook.errors", "hook.record", "hook.rules",
+    "hook.oci", "hook.plan",
     "hook.checkpoint", "hook.settings", "hook.requests", "hook.decide", "hook.gather", "hook.report",
     "hook.log", "hook.logrecord", "hook.hostdev", "hook.marker", "hook.version", "hook.nvidia",
     "hook.nvidia.model", "hook.nvidia.ids", "hook.nvidia.migminors", "hook.nvidia.nodes",

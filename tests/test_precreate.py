@@ -215,7 +215,8 @@ def test_prestart_does_nothing_more_for_a_decided_config_and_decides_a_forged_on
 
 
 def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_path: Path) -> None:
-    """A config that needs no decision is answered by ``hook.entry`` alone (os/sys, json's C scanner)."""
+    """A config that needs no decision is answered by ``hook.entry`` and ``hook.fastpath`` alone
+    (os/sys, json's C scanner)."""
     cfg = tmp_path / "config.json"
     cfg.write_bytes(example("cpu"))
     probe = (
@@ -239,7 +240,7 @@ def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_pa
             timeout=60,
         )
     assert res.stdout == example("cpu")
-    assert res.stderr.decode() == repr((0, ["hook", "hook.entry"], False, False))
+    assert res.stderr.decode() == repr((0, ["hook", "hook.entry", "hook.fastpath"], False, False))
 
 
 def test_kubelet_checkpoint_found_from_the_pod_annotations_alone(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from hook import entry
+from hook import fastpath
 from hook.errors import InputError
 from hook.nvidia.migminors import build_cap_table, parse_mig_minors
 from hook.nvidia.model import CapNode
@@ -104,12 +104,12 @@ def test_fast_path_never_accepts_what_the_parser_rejects(
     cfg = _set(PLAIN, path, value)
     with pytest.raises(InputError):
         parse_config(json.dumps(cfg).encode(), "config.json", "/b")
-    monkeypatch.setattr(entry, "FASTPATH_CACHE", str(tmp_path / "fastpath.json"))
+    monkeypatch.setattr(fastpath, "FASTPATH_CACHE", str(tmp_path / "fastpath.json"))
     opts = {"--config": [str(tmp_path / "absent.yaml")]}
     good = write_bundle(tmp_path / "good", PLAIN)
-    assert entry._fast_path(opts, state(good)) is True  # the control: the intact config is answered
+    assert fastpath.fast_path(opts, state(good)) is True  # the control: the intact config is answered
     bad = write_bundle(tmp_path / "bad", cfg)
-    assert entry._fast_path(opts, state(bad)) is False
+    assert fastpath.fast_path(opts, state(bad)) is False
 
 
 # --- decide: rules and nodes come in (major, minor, type) order, whatever the grant order (g008) -----

@@ -1,4 +1,4 @@
-"""#11 item 5 / #16: the fast path's JSON trick (``hook.entry._loads``) against ``json.loads``.
+"""#11 item 5 / #16: the fast path's JSON trick (``hook.fastpath.loads``) against ``json.loads``.
 
 Inputs are the examples' real config.json files (and states made from them), truncated at any
 byte, with bytes flipped, inserted or repeated, wrapped in deep nesting, given huge integers,
@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hook.entry import _loads
+from hook.fastpath import loads as _loads
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SEEDS = [p.read_bytes() for p in sorted(EXAMPLES.glob("*/config.json"))] + [
