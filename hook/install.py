@@ -47,6 +47,7 @@ OTHER_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/ho
 CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
 K3S_AGENT_DIRS = ("/var/lib/rancher/k3s/agent", "/var/lib/rancher/rke2/agent")
 RECORD = "install.json"
+DPKG_LIST = "/var/lib/dpkg/info/oci-device-hook.list"
 
 
 class InstallError(HookError):
@@ -513,8 +514,9 @@ def install(node: Node) -> int:
     opts = node.opts
     src = Path(opts.src)
     dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
-    if dpkg_owned and node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
-        raise InstallError("dpkg", PKG, "the package is installed by dpkg on this node: remove it first")
+    if dpkg_owned and node.path(DPKG_LIST).exists():
+        why = "installed by dpkg on this node: `installer register` registers its engines"
+        raise InstallError("dpkg", PKG, why)
     python_version = check_python(node)
     version = _tree_version(src)
     rec = _read_record(node)
@@ -538,6 +540,55 @@ def install(node: Node) -> int:
     note = f"; {settings_changed}" if settings_changed else ""
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
+    return 0
+
+
+def register(node: Node) -> int:
+    """The engine step alone, for a hook installed by other means (the .deb ships the hooks.d
+    file and the wrapper): containerd's handlers, recorded like an install's so ``unregister``
+    (the .deb's prerm on remove) undoes exactly that."""
+    opts = node.opts
+    if opts.engine == "hooks.d" or not _containerd_wanted(node):
+        _say("no containerd on this node: nothing to register (hooks.d engines read the packaged file)")
+        return 0
+    rec = _read_record(node)
+    if rec.get("version") and not rec.get("registered_only"):
+        raise InstallError(
+            opts.state_dir, RECORD, "installed by the installer: `installer install` registers"
+        )
+    rec.update(libexec=opts.libexec, registered_only=True)
+    changed = _register_containerd(node, rec)
+    _write_record(node, rec)
+    if changed and opts.restart_engine:
+        _restart(node, "containerd")
+    files = ", ".join(f["path"] for f in rec["containerd"]["files"])
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(
+        f"registered containerd ({files}){restart}" if changed else f"containerd already registered ({files})"
+    )
+    return 0
+
+
+def unregister(node: Node) -> int:
+    """Undo ``register``: containerd's handlers back as they were, the shims and the record gone."""
+    opts = node.opts
+    rec = _read_record(node)
+    state = rec.get("containerd")
+    if not state or not rec.get("registered_only"):
+        _say("nothing registered by `installer register` on this node")
+        return 0
+    changed = _unregister_containerd(node, state)
+    for shim in state.get("shims", []):
+        node.path(shim, follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(f"{rec.get('libexec') or opts.libexec}/handlers").rmdir()
+    node.path(f"{opts.state_dir}/{RECORD}", follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(opts.state_dir).rmdir()
+    if changed and opts.restart_engine:
+        _restart(node, "containerd")
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(f"unregistered containerd{restart}")
     return 0
 
 
@@ -634,7 +685,7 @@ def _ours(path: Path, libexec: str) -> bool:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="installer", description="install oci-device-hook on a node")
-    p.add_argument("action", choices=["install", "uninstall", "settings", "status"])
+    p.add_argument("action", choices=["install", "uninstall", "settings", "status", "register", "unregister"])
     p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
     p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
     p.add_argument("--libexec", default=DEFAULTS["libexec"])
@@ -665,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
             return uninstall(node)
         if opts.action == "settings":
             return apply_settings(node)
+        if opts.action == "register":
+            return register(node)
+        if opts.action == "unregister":
+            return unregister(node)
         print(json.dumps(_read_record(node), indent=2, sort_keys=True))
         return 0
     except (HookError, InputError) as exc:
