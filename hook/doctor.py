@@ -267,6 +267,7 @@ def _is_our_hook(doc: dict[str, Any], libexec: str) -> bool:
 
 CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+K3S_SOCKET = "/run/k3s/containerd/containerd.sock"  # k3s and rke2 alike
 K3S_CONFIGS = tuple(f"/var/lib/rancher/{d}/agent/etc/containerd/config.toml" for d in ("k3s", "rke2"))
 
 
@@ -386,7 +387,8 @@ def check_containerd(
                     break
     except Exception as exc:  # a doctor reports; it never crashes on what it inspects
         check = Check("containerd", False, str(exc), "fix the config, then run the installer")
-    sock = socket_path or address or CONTAINERD_SOCKET
+    k3s = any(str(config).endswith(k) for k in K3S_CONFIGS)  # k3s passes its socket on the command line
+    sock = socket_path or address or (K3S_SOCKET if k3s else CONTAINERD_SOCKET)
     if stopped_ok and not check.ok and not _socket_listens(sock):
         return Check(
             "containerd", True, f"installed but not running (nothing listens on {sock}): {check.detail}"
