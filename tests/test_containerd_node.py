@@ -402,3 +402,59 @@ def test_k3s_v3_template_and_go_templates(tmp_path: Path) -> None:
     (etc / "config-v3.toml.tmpl").write_text('{{ template "base" . }}\n')
     with pytest.raises(install.InstallError, match="Go template"):
         install._register_containerd(node, {})
+
+
+ROOT_E2E = r"""
+set -eu
+mount --bind /usr "$R/usr"
+mount -o remount,bind,ro "$R/usr"
+mount -t tmpfs tmpfs "$R/dev/shm"
+mount -t proc proc "$R/proc"
+set +e
+"$@" install --engine containerd > "$OUT/install.out" 2>&1; echo $? > "$OUT/install.rc"
+cp "$R/etc/k8s/containerd.toml" "$OUT/installed.toml"
+"$@" uninstall > "$OUT/uninstall.out" 2>&1; echo $? > "$OUT/uninstall.rc"
+"""
+
+
+@needs_root
+@needs_python
+def test_installer_with_root_edits_the_nodes_symlinked_config_end_to_end(tmp_path: Path, tree: Path) -> None:
+    """The DaemonSet's shape: the node at --root (its /usr bound read-only), the node image's
+    config.toml an absolute symlink; the node's own Python and containerd run in a chroot."""
+    root = tmp_path / "R"
+    for d in ("usr", "etc/k8s", "etc/containerd", "dev/shm", "proc", "tmp"):
+        (root / d).mkdir(parents=True)
+    for name in ("bin", "lib", "lib64", "sbin"):
+        if Path(f"/usr/{name}").is_dir():
+            (root / name).symlink_to(f"usr/{name}")
+    real = root / "etc/k8s/containerd.toml"
+    real.write_text(NODE_CONFIG)
+    (root / "etc/containerd/config.toml").symlink_to("/etc/k8s/containerd.toml")
+    out = tmp_path / "out"
+    out.mkdir()
+    shim = tmp_path / "run-installer"
+    shim.write_text('#!/bin/sh\naction=$1; shift\nexec "$INSTALLER" "$action" "$@"\n')
+    shim.chmod(0o755)
+    args = ["--src", str(tree), "--root", str(root), "--libexec", "/opt/odh",
+            "--hooks-dir", "/etc/containers/oci/hooks.d"]  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "R": str(root), "OUT": str(out),
+           "INSTALLER": str(tree / "usr/libexec/oci-device-hook/installer")}  # fmt: skip
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", ROOT_E2E, "sh", str(shim), *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "install.rc").read_text().strip() == "0", (out / "install.out").read_text()
+    assert os.readlink(root / "etc/containerd/config.toml") == "/etc/k8s/containerd.toml"
+    installed = out / "installed.toml"
+    opts = runtimes(tomllib.loads(installed.read_text()))["runc"]["options"]
+    assert opts == {"BinaryName": "/opt/odh/runtime", "SystemdCgroup": True}
+    if CONTAINERD:
+        got = dump(installed)
+        assert runtimes(got)["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
+        assert cri(got)["sandbox_image"] == "registry.example/pause:3.9"
+    assert (out / "uninstall.rc").read_text().strip() == "0", (out / "uninstall.out").read_text()
+    assert real.read_text() == NODE_CONFIG
+    assert os.readlink(root / "etc/containerd/config.toml") == "/etc/k8s/containerd.toml"
+    assert not (root / "opt/odh/versions").exists()
