@@ -503,6 +503,17 @@ def _state_files(state: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _containerd_unit(node: Node, rec: dict[str, Any]) -> str:
+    """The systemd unit that runs the containerd registered: k3s and rke2 embed theirs (server or
+    agent, whichever is active), elsewhere ``containerd``."""
+    files = [str(f.get("path", "")) for f in _state_files(rec.get("containerd") or {})]
+    for distro, units in (("k3s", ("k3s", "k3s-agent")), ("rke2", ("rke2-server", "rke2-agent"))):
+        if any(p.startswith(f"/var/lib/rancher/{distro}/") for p in files):
+            active = [u for u in units if node.run(["systemctl", "is-active", "--quiet", u]).returncode == 0]
+            return active[0] if active else units[0]
+    return "containerd"
+
+
 def _restart(node: Node, engine: str) -> None:
     proc = node.run(["systemctl", "restart", engine])
     if proc.returncode != 0:
@@ -535,7 +546,7 @@ def install(node: Node) -> int:
     rec["versions"] = _prune(node, opts.keep, rec["history"])
     _write_record(node, rec)
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     where = f"hooks.d ({', '.join(rec['hooks_files'])})" + (", containerd" if "containerd" in rec else "")
     note = f"; {settings_changed}" if settings_changed else ""
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
@@ -560,7 +571,7 @@ def register(node: Node) -> int:
     changed = _register_containerd(node, rec)
     _write_record(node, rec)
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     files = ", ".join(f["path"] for f in rec["containerd"]["files"])
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(
@@ -586,7 +597,7 @@ def unregister(node: Node) -> int:
     with contextlib.suppress(OSError):
         node.path(opts.state_dir).rmdir()
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"unregistered containerd{restart}")
     return 0
@@ -669,7 +680,7 @@ def uninstall(node: Node) -> int:
     if opts.purge:
         shutil.rmtree(node.path(opts.etc), ignore_errors=True)
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"removed{' ' + rec['version'] if rec.get('version') else ''}{restart}")
     return 0

@@ -458,3 +458,26 @@ def test_installer_with_root_edits_the_nodes_symlinked_config_end_to_end(tmp_pat
     assert real.read_text() == NODE_CONFIG
     assert os.readlink(root / "etc/containerd/config.toml") == "/etc/k8s/containerd.toml"
     assert not (root / "opt/odh/versions").exists()
+
+
+def test_restart_on_k3s_restarts_the_agent_that_embeds_containerd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    etc = root / "var/lib/rancher/k3s/agent/etc/containerd"
+    etc.mkdir(parents=True)
+    (etc / "config.toml").write_text(K3S_RENDERED)
+    _wrapper(root)
+    node = _root_node(root, "--restart-engine")
+    calls: list[list[str]] = []
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        active = argv[:3] == ["systemctl", "is-active", "--quiet"] and argv[3] == "k3s-agent"
+        return subprocess.CompletedProcess(argv, 0 if active or argv[1] == "restart" else 3, "", "")
+
+    monkeypatch.setattr(node, "run", run)
+    rec: dict[str, Any] = {}
+    assert install._register_containerd(node, rec)
+    install._restart(node, install._containerd_unit(node, rec))
+    assert calls[-1] == ["systemctl", "restart", "k3s-agent"]
