@@ -369,7 +369,9 @@ def test_deb_registers_containerd_with_the_installers_engine_step(deb: Path, tmp
             ["containerd", "--config", str(cfg), "config", "dump"],
             capture_output=True, text=True, timeout=60, check=True,
         ).stdout  # fmt: skip
-        runc = tomllib.loads(dump)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"]
+        plugins = tomllib.loads(dump)["plugins"]  # containerd 2.x dumps version 3 (cri.v1.runtime)
+        table = plugins.get("io.containerd.grpc.v1.cri") or plugins["io.containerd.cri.v1.runtime"]
+        runc = table["containerd"]["runtimes"]["runc"]
         assert runc["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/runtime"
     undone = run("unregister")
     assert undone.returncode == 0, undone.stderr
