@@ -226,6 +226,85 @@ def k8s_bundles() -> dict[str, dict[str, object]]:
     }
 
 
+DRA_CLAIM_UID = "9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b"
+DRA_POD = {  # containerd's CRI annotations for pod ml/infer-0 (its claim: GPU 2), container server
+    "io.kubernetes.cri.sandbox-namespace": "ml",
+    "io.kubernetes.cri.sandbox-name": "infer-0",
+    "io.kubernetes.cri.sandbox-uid": "4c8e2a6d-1f3b-4d5c-9e7a-0b2c4d6e8f1a",
+    "io.kubernetes.cri.container-name": "server",
+}
+
+
+def dra_claim_spec() -> dict[str, object]:
+    """NVIDIA's DRA driver's per-claim spec (k8s.gpu.nvidia.com-claim_<uid>.yaml) for GPU 2; the
+    nodes name their numbers so simulation needs no device nodes (nvcdi writes the path only)."""
+    ctl = [{"path": n["path"], "type": "c", "major": n["major"], "minor": n["minor"]} for n in control()]
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [
+            {
+                "name": f"{DRA_CLAIM_UID}-gpu-2",
+                "containerEdits": {
+                    "deviceNodes": [{"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 2}]
+                },
+            }
+        ],
+        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "deviceNodes": ctl},
+    }
+
+
+def dra_state() -> str:
+    """The kubelet's 1.31+ DRA checkpoint: claim ml/gpu-claim of pod infer-0, CRC-32 of its Data."""
+    import zlib
+
+    entry = {
+        "ClaimUID": DRA_CLAIM_UID,
+        "ClaimName": "gpu-claim",
+        "Namespace": "ml",
+        "PodUIDs": {DRA_POD["io.kubernetes.cri.sandbox-uid"]: {}},
+        "DriverState": {
+            "gpu.nvidia.com": {
+                "Devices": [
+                    {
+                        "PoolName": "node-a",
+                        "DeviceName": "gpu-2",
+                        "RequestNames": ["gpu"],
+                        "CDIDeviceIDs": [f"k8s.gpu.nvidia.com/claim={DRA_CLAIM_UID}-gpu-2"],
+                    }
+                ]
+            }
+        },
+    }
+    data = json.dumps(
+        {"kind": "DRACheckpoint", "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1", "Entries": [entry]},
+        separators=(",", ":"),
+    )
+    return json.dumps({"Data": data, "Checksum": zlib.crc32(data.encode()) & 0xFFFFFFFF}) + "\n"
+
+
+def dra_bundles() -> dict[str, dict[str, object]]:
+    """A privileged pod whose GPU 2 came from a DRA claim: containerd gave it every host node and
+    one allow-all rule, then injected the claim's CDI devices (moved last, an allow rule each)."""
+    injected = [node("/dev/nvidia2", 195, 2), *control()]
+    paths = {n["path"] for n in injected}
+    rules = [{"allow": True, "access": "rwm"}]
+    rules += [
+        {"allow": True, "type": "c", "major": n["major"], "minor": n["minor"], "access": "rwm"}
+        for n in injected
+    ]
+    return {
+        "dra-claim-privileged": config(
+            ["NVIDIA_VISIBLE_DEVICES=void"],
+            privileged=True,
+            caps=ALL_CAPS,
+            devices=[n for n in host_devices() if n["path"] not in paths] + injected,
+            rules=rules,
+            annotations=DRA_POD,
+        )
+    }
+
+
 def write(path: Path, obj: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -238,10 +317,14 @@ def main() -> None:
     NODE.mkdir(parents=True, exist_ok=True)
     (NODE / "inventory.json").write_text(dumps(inv))
     write(NODE / "cdi" / "nvidia.json", cdi_spec())
-    for name, cfg in {**bundles(), **k8s_bundles()}.items():
+    for name, cfg in {**bundles(), **k8s_bundles(), **dra_bundles()}.items():
         write(HERE / name / "config.json", cfg)
         (HERE / name / "rootfs").mkdir(exist_ok=True)
         (HERE / name / "rootfs" / ".keep").touch()
+    dra = HERE / "dra-claim-privileged"
+    write(dra / "cdi" / f"k8s.gpu.nvidia.com-claim_{DRA_CLAIM_UID}.yaml", dra_claim_spec())
+    (dra / "kubelet").mkdir(exist_ok=True)
+    (dra / "kubelet" / "dra_manager_state").write_text(dra_state())
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ from collections.abc import Mapping
 from hook.errors import InputError
 from hook.record import field, record
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from hook.dra import DraView
+
 __all__ = [
     "Allocation",
     "Pod",
@@ -72,18 +76,29 @@ class Kubelet:
     """What the kubelet's checkpoint says about one container, and how sure that is.
 
     ``state``: ``read`` (the file parsed; ``allocations`` is this container's whole allocation,
-    possibly none), or ``absent`` / ``unreadable`` / ``corrupt`` (nothing known).
+    possibly none), or ``absent`` / ``unreadable`` / ``corrupt`` (nothing known). ``dra_view`` is
+    the kubelet's DRA state about the pod (hook.dra), read whatever the checkpoint's state.
     """
 
     pod: Pod
     checkpoint: str
     state: str
     allocations: tuple[Allocation, ...] = ()
-    dra: bool = False  # the pod has DRA claims, which the device-plugin checkpoint does not list
+    dra_view: DraView | None = None
 
     @property
     def known(self) -> bool:
         return self.state == "read"
+
+    @property
+    def dra(self) -> bool:
+        """The pod has DRA claims, which the device-plugin checkpoint does not list."""
+        return self.dra_view is not None and bool(self.dra_view.claims)
+
+    @property
+    def dra_unknown(self) -> bool:
+        """A DRA state file exists but cannot be read or trusted: the pod may hold claims."""
+        return self.dra_view is not None and self.dra_view.unknown
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:

@@ -73,14 +73,14 @@ def _warn_missing_dirs(dirs: Any) -> None:
 def _options(o: dict[str, Any], *, use_cache: bool, resolve: bool = True) -> Any:
     """Options from the command line; with ``resolve``, what is not given comes from the settings
     file (``driver_root``, ``cdi_spec_dirs``), or the defaults when that file cannot be read."""
-    from hook.gather import Options, resolved
+    from hook.gather import Options, inventory_option, resolved
 
     _warn_missing_dirs(o.get("spec_dirs"))
 
     opts = Options(
         driver_root=o.get("driver_root"),
         spec_dirs=tuple(o.get("spec_dirs") or ()),
-        inventory_file=o.get("inventory_file"),
+        inventory_file=inventory_option(o.get("inventory_file")),
         settings_file=o.get("config_file"),
         use_cache=use_cache,
     )
@@ -107,6 +107,9 @@ def _finish(text: str, code: int) -> None:
 @click.option("--state", "state_file", type=PathArg, help="OCI state file (default: made from the bundle)")
 @click.option("--output-config", type=PathArg, help="write the config.json with the decision folded in")
 @click.option(
+    "--kubelet-dra-state", "dra_state", type=PathArg, help="the kubelet's DRA state to read (simulation)"
+)
+@click.option(
     "--version",
     is_flag=True,
     expose_value=False,
@@ -121,6 +124,7 @@ def cli(
     bundle: Path | None,
     state_file: Path | None,
     output_config: Path | None,
+    dra_state: Path | None,
     **common: Any,
 ) -> None:
     """oci-device-hook: keep GPU device access honest (see README)."""
@@ -129,10 +133,16 @@ def cli(
         return
     if bundle is None:
         raise click.UsageError("simulation needs --bundle DIR (live mode reads the OCI state on stdin)")
-    _simulate(ctx.obj, bundle, state_file, output_config)
+    _simulate(ctx.obj, bundle, state_file, output_config, dra_state)
 
 
-def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_config: Path | None) -> None:
+def _simulate(
+    o: dict[str, Any],
+    bundle: Path,
+    state_file: Path | None,
+    output_config: Path | None,
+    dra_state: Path | None = None,
+) -> None:
     from hook.decide import decide
     from hook.gather import load_inputs, read_state_file, state_from_bundle
     from hook.record import replace
@@ -140,7 +150,10 @@ def _simulate(o: dict[str, Any], bundle: Path, state_file: Path | None, output_c
 
     state = read_state_file(state_file) if state_file else state_from_bundle(bundle)
     state = replace(state, bundle=str(bundle))
-    inputs = load_inputs(state, _options(o, use_cache=False, resolve=False))
+    opts = _options(o, use_cache=False, resolve=False)
+    if dra_state is not None:
+        opts = replace(opts, dra_state=dra_state)
+    inputs = load_inputs(state, opts)
     plan = decide(inputs)
     report = build_report(inputs, plan)
     if output_config is not None:
@@ -259,6 +272,7 @@ def doctor(
 @click.option("--narrowed", is_flag=True, help="only containers narrowed to their allocation")
 @click.option("--namespace", default="", help="only pods of this namespace")
 @click.option("--pod", default="", help="only this pod (name)")
+@click.option("--warnings", is_flag=True, help="only records with warnings (text shows them under each)")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), help="output format")
 @click.pass_context
 def log_cmd(
@@ -272,6 +286,7 @@ def log_cmd(
     """Read the decision log: e.g. which containers were narrowed today (--since today --narrowed)."""
     from hook.logread import cmd_log
 
+    named = log_file is not None
     if log_file is None:
         from hook.settings import DEFAULT_PATH, load_settings
 
@@ -279,7 +294,7 @@ def log_cmd(
         path = config_file or root.get("config_file")
         settings = load_settings(path or DEFAULT_PATH, required=bool(path))
         log_file = Path(settings.log_file)
-    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", **filters))
+    _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", must_exist=named, **filters))
 
 
 @cli.group("settings")
@@ -290,11 +305,14 @@ def settings_group() -> None:
 @settings_group.command("check")
 @click.argument("file", type=PathArg)
 def settings_check(file: Path) -> None:
-    """Validate FILE as the live hook would (unknown or duplicate keys, bad values): one line, exit 0/1."""
-    from hook.settings import load_settings
+    """Validate FILE as the live hook would (unknown or duplicate keys, bad values): every error, one
+    line each (an unknown key names the closest known one), exit 1; or one ok line, exit 0."""
+    from hook.settings import check_file
 
-    load_settings(file, required=True)  # a HookError is printed by ``run`` as one line, exit 1
-    _finish(f"{file}: ok", 0)
+    errors = check_file(file)
+    for error in errors:
+        click.echo(f"hook: {error}", err=True)
+    _finish("" if errors else f"{file}: ok", 1 if errors else 0)
 
 
 def run(argv: list[str]) -> int:

@@ -45,6 +45,7 @@ class Inputs:
     specific_mig: bool = False
     warnings: tuple[str, ...] = field(default=())
     host_dev: tuple[str, ...] = (HOST_DEV,)  # the host's /dev directories (hostdev.host_dev_roots)
+    no_driver_for: tuple[str, ...] = ()  # "source=value" of requests no driver on this node could serve
 
 
 @record
@@ -136,17 +137,26 @@ def _rule(node: Node, allow: bool, access: Access = Access.RWM) -> Rule:
 
 def _additions(
     config: OciConfig, wanted: Mapping[tuple[str, int, int], Grant]
-) -> tuple[list[Rule], list[Node]]:
-    """Allow rules and nodes a container lacks for what it may have; nothing it already has."""
-    present = {d.path for d in config.devices}
-    rules, create = [], []
+) -> tuple[list[Rule], list[Node], list[str]]:
+    """Allow rules and nodes a container lacks for what it may have; nothing it already has.
+
+    A node is already there only when the first ``linux.devices`` entry at its path (the one runc
+    creates) is that very device; another device at the path is replaced (its path is the third
+    value: removed, then the node created), as the CDI reference library replaces it."""
+    present: dict[str, tuple[str, int, int]] = {}
+    for d in config.devices:
+        present.setdefault(d.path, (d.type, d.major, d.minor))
+    rules, create, replace = [], [], []
     for key in sorted(wanted, key=lambda k: (k[1], k[2], k[0])):
         g = wanted[key]
         if not evaluate(config.resource_rules, DeviceType(g.node.type), g.node.major, g.node.minor, g.access):
             rules.append(_rule(g.node, True, g.access))
-        if g.node.path not in present:
+        there = present.get(g.node.path)
+        if there != _key(g.node):
             create.append(g.node)
-    return rules, create
+            if there is not None:
+                replace.append(g.node.path)
+    return rules, create, replace
 
 
 def _narrowing(
@@ -238,7 +248,7 @@ def decide(inputs: Inputs) -> Plan:
         )
     keep = [r for r in reqs.items if r.from_plugin or r.kind in MGMT_ENV or not plugin_widened]
     wanted = _grants(inputs, keep)
-    rules, create = _additions(inputs.config, wanted)
+    rules, create, replaced = _additions(inputs.config, wanted)
     remove: list[str] = []
     denied: list[str] = []
     if plugin_widened:
@@ -250,6 +260,7 @@ def decide(inputs: Inputs) -> Plan:
             remove = []  # audit changes nothing: the removals are part of what it only reports
         else:
             rules += deny_rules
+    remove = sorted({*remove, *replaced})
     create, remove = _off_host_dev(inputs, create, remove, warnings)
     if not (rules or create or remove):
         if plugin_widened:  # only audit gets here: narrowing always denies
@@ -260,10 +271,15 @@ def decide(inputs: Inputs) -> Plan:
             why = f"no device requested: {' and '.join(reqs.ignored_env)} is no request here (see warnings)"
         elif not reqs.items:
             why = "no device requested"
+        elif inputs.no_driver_for:
+            asked = ", ".join(inputs.no_driver_for[:4]) + (" ..." if len(inputs.no_driver_for) > 4 else "")
+            why = (
+                f"no NVIDIA driver on this node: the container starts without the GPU it asked for ({asked})"
+            )
         else:
             why = "the container already has exactly what it asked for"
         return _plan(Verdict.NONE, why, warnings, denied=tuple(denied))
-    reason = _reason(facts, plugin_widened, reqs, rules, create, remove)
+    reason = _reason(facts, plugin_widened, reqs, rules, create, remove, replaced)
     return _plan(
         Verdict.APPLY,
         reason,
@@ -276,7 +292,13 @@ def decide(inputs: Inputs) -> Plan:
 
 
 def _reason(
-    facts: Facts, narrowed: bool, reqs: Requests, rules: list[Rule], create: list[Node], remove: list[str]
+    facts: Facts,
+    narrowed: bool,
+    reqs: Requests,
+    rules: list[Rule],
+    create: list[Node],
+    remove: list[str],
+    replaced: Sequence[str] = (),
 ) -> str:
     denied = sum(not r.allow for r in rules)
     allowed = len(rules) - denied
@@ -285,8 +307,10 @@ def _reason(
         shape = "privileged" if facts.privileged else "widened"
         parts.append(
             f"narrowed a {shape} container to its plugin allocation {_allocation_names(reqs)}: "
-            f"denied {denied} accelerator node(s), removed {len(remove)}"
+            f"denied {denied} accelerator node(s), removed {sum(p not in replaced for p in remove)}"
         )
     if allowed or create:
         parts.append(f"allowed {allowed} and created {len(create)} node(s) it requested")
+    if replaced:
+        parts.append(f"{', '.join(replaced)}: another device at that path, replaced")
     return "; ".join(parts)

@@ -26,6 +26,7 @@ __all__ = [
     "check_driver",
     "check_hooks",
     "check_kubelet",
+    "check_kubelet_dra",
     "check_settings",
     "render",
     "run_doctor",
@@ -463,6 +464,13 @@ def check_kubelet(settings_file: Path, root: Path = Path("/")) -> Check:
     return Check("kubelet", *kubelet_coverage(settings_file, root))
 
 
+def check_kubelet_dra(settings_file: Path, root: Path = Path("/")) -> Check:
+    """The kubelet's DRA state the hook reads is where this node's kubelet writes it, and reads."""
+    from hook.kubeletcheck import dra_coverage
+
+    return Check("kubelet DRA", *dra_coverage(settings_file, root))
+
+
 def render(checks: Sequence[Check], fmt: str) -> str:
     """Text checklist for people, or a JSON list of {name, ok, detail, fix} for programs."""
     if fmt == "json":
@@ -516,5 +524,6 @@ def run_doctor(
         *check_base_spec(config),
         check_settings(settings_file),
         check_kubelet(settings_file, host_root),
+        check_kubelet_dra(settings_file, host_root),
     ]
     return render(checks, fmt), 0 if all(c.ok for c in checks) else 1

@@ -100,13 +100,25 @@ def precreate(opts: dict[str, list[str]]) -> int:
     except (OSError, ValueError):
         stdin = b""
     if len(stdin) <= MAX_CONFIG and precreate_fast(opts, stdin):
-        _write_out(stdin)
-        return 0
+        return _hand_over(stdin, 0)
     from hook.precreate import run_precreate
 
     code, out = run_precreate(opts, stdin)
-    if out:
+    return _hand_over(out, code) if out else code
+
+
+def _hand_over(out: bytes, code: int) -> int:
+    """The config on stdout; a write that fails (a full disk under the wrapper's temp file, a
+    closed pipe) is one line and exit 1: the engine must not start on a cut config."""
+    try:
         _write_out(out)
+    except OSError as exc:
+        from hook.precreate import _runtime_log
+
+        line = f"oci-device-hook: stdout: cannot write the config for the runtime: {exc.strerror or exc}"
+        sys.stderr.write(line + "\n")
+        _runtime_log(line)
+        return 1
     return code
 
 

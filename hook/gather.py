@@ -19,7 +19,17 @@ from hook.hostdev import host_dev_roots
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
 from hook.record import field, record, replace
-from hook.requests import DeviceRequest, Kind, Requests, collect, is_accelerator, is_privileged
+from hook.requests import (
+    DeviceRequest,
+    Kind,
+    Requests,
+    collect,
+    dra_claim_of,
+    injected_keys,
+    is_accelerator,
+    is_privileged,
+    only_injected,
+)
 from hook.rules import Access
 from hook.settings import DEFAULT_PATH, Settings, load_settings
 
@@ -29,11 +39,13 @@ if TYPE_CHECKING:
 
     from hook.allowlist import HostDevices
     from hook.cdi.registry import Registry
+    from hook.dra import DraView
     from hook.nvidia.model import Inventory
 
 __all__ = [
     "Options",
     "read_limited",
+    "read_regular",
     "read_state_file",
     "state_from_bundle",
     "resolved",
@@ -41,6 +53,8 @@ __all__ = [
     "load_config",
     "load_inputs",
     "inputs_for_config",
+    "kubelet_evidence",
+    "inventory_option",
 ]
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -57,7 +71,17 @@ class Options:
     inventory_file: Path | None = None
     settings_file: Path | None = None
     use_cache: bool = True  # simulation never writes caches
+    dra_state: Path | None = None  # simulation's --kubelet-dra-state: wins over kubelet_dra_state
     settings: Settings | None = field(default=None, compare=False)
+
+
+def inventory_option(path: Path | None) -> Path | None:
+    """``--inventory`` as given: a file that is not there is an error, never "no inventory" (a
+    missing one would otherwise pass for a driver on a CPU node, or go unread without a word)."""
+    if path is not None and not path.is_file():
+        why = "not a regular file" if path.exists() else "no such file"
+        raise InputError(str(path), "", f"{why} (--inventory)")
+    return path
 
 
 def read_limited(path: Path, limit: int, what: str) -> bytes:
@@ -105,19 +129,59 @@ def _settings(opts: Options) -> Settings:
 MAX_CHECKPOINT_BYTES = 64 << 20
 
 
-def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
-    """What the kubelet's checkpoint says about this container; None outside Kubernetes.
+def read_regular(path: Path, limit: int, what: str) -> bytes:
+    """A whole regular file of at most ``limit`` bytes, opened so that nothing there can block or
+    redirect the read: ``O_NONBLOCK`` (a FIFO never hangs a container's start), ``O_NOFOLLOW``
+    (a symlink is refused) and the regular-file check on the open descriptor.
 
-    Never raises: a missing, unreadable or corrupt checkpoint is a state the decision weighs
-    (and a warning), so a container that asks for no device always starts.
+    ``FileNotFoundError`` when there is no file; every other problem is an ``InputError``.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise InputError(str(path), "", f"{exc.strerror or exc} ({what})") from None
+    except ValueError:
+        raise InputError(str(path), "", f"path contains a NUL byte ({what})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(str(path), "", f"not a regular file ({what})")
+        if st.st_size > limit:
+            raise InputError(str(path), "", f"larger than {limit} bytes ({what})")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise InputError(str(path), "", f"{exc.strerror or exc} ({what})") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise InputError(str(path), "", f"larger than {limit} bytes ({what})")
+    return b"".join(chunks)
+
+
+def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
+    """What the kubelet's checkpoint and DRA state say about this container; None outside Kubernetes.
+
+    Never raises: a missing, unreadable or corrupt file is a state the decision weighs (and a
+    warning), so a container that asks for no device always starts.
     """
     pod = ckpt.pod_of(annotations)
     if pod is None:
         return None
     path = Path(settings.kubelet_checkpoint)
+    dra_view = _dra(pod, settings, warnings)
 
     def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
-        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs)
+        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs, dra_view=dra_view)
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the container's start
@@ -134,14 +198,7 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
             return view("unreadable")
         return view("absent")
     try:
-        allocs = ckpt.parse_checkpoint(data, str(path), (pod.uid, pod.container))
-        return ckpt.Kubelet(
-            pod=pod,
-            checkpoint=str(path),
-            state="read",
-            allocations=allocs,
-            dra=_has_dra_claims(path, pod.uid),
-        )
+        return view("read", ckpt.parse_checkpoint(data, str(path), (pod.uid, pod.container)))
     except InputError as exc:
         warnings.append(f"{exc}; using the other evidence")
     except Exception as exc:  # a decoder bug must not stop a container: the file is then "corrupt"
@@ -149,15 +206,39 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
     return view("corrupt")
 
 
-def _has_dra_claims(checkpoint: Path, pod_uid: str) -> bool:
-    """Whether the kubelet's DRA state (``dra_manager_state`` beside ``device-plugins/``) names the
-    pod: DRA claims are not in the device-plugin checkpoint, so that checkpoint is then not the
-    kubelet's whole word on this pod. Read as bytes, whatever its version's layout."""
+def kubelet_evidence(annotations: Mapping[str, str], settings: Settings) -> ckpt.Kubelet | None:
+    """The kubelet's word on this container exactly as a decision reads it (its warnings dropped):
+    what the precreate marker binds, gathered again by the stage that checks the marker."""
+    return _kubelet(dict(annotations), settings, [])
+
+
+def _dra(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> DraView:
+    """The kubelet's DRA state about this pod (hook.dra): a missing file is no DRA on this node;
+    one that cannot be read or trusted is a warning naming it, and nothing is decided from it."""
+    from hook import dra  # Kubernetes pods only
+    from hook.dra import DraView
+
+    path = settings.dra_state_path
     try:
-        data = read_limited(checkpoint.parent.parent / "dra_manager_state", MAX_CHECKPOINT_BYTES, "DRA state")
-    except InputError:
-        return False
-    return bool(pod_uid) and pod_uid.encode() in data
+        data = read_regular(Path(path), dra.MAX_BYTES, "kubelet DRA state")
+    except FileNotFoundError:
+        return DraView(path=path, state="absent")
+    except InputError as exc:
+        warnings.append(f"{exc}; nothing decided from the kubelet's DRA state")
+        return DraView(path=path, state="unreadable")
+    try:
+        state = dra.parse_state(data, path)
+    except InputError as exc:
+        warnings.append(f"{exc}; nothing decided from the kubelet's DRA state")
+        return DraView(path=path, state="corrupt")
+    except Exception as exc:  # a parser bug must not stop a container
+        warnings.append(
+            f"{path}: cannot decode ({type(exc).__name__}); nothing decided from the kubelet's DRA state"
+        )
+        return DraView(path=path, state="corrupt")
+    return DraView(
+        path=path, state="read" if state.verified else "unverified", claims=dra.claims_of(state, pod.uid)
+    )
 
 
 class _Resolver:
@@ -172,6 +253,7 @@ class _Resolver:
         self.warnings: list[str] = []
         self._has_specs: bool | None = None  # asked once per NVIDIA request; scanned once
         self._driver: bool | None = None
+        self.no_driver_for: list[str] = []  # "source=value" of requests left unserved: no driver
 
     def registry(self) -> Registry:
         if self._registry is None:
@@ -208,6 +290,7 @@ class _Resolver:
         self.warnings.append(
             f"{req.source}={req.value}: no NVIDIA driver on this node: the container starts without a GPU"
         )
+        self.no_driver_for.append(f"{req.source}={req.value}")
         return ()
 
     def inventory(self) -> Inventory:
@@ -326,8 +409,24 @@ class _Resolver:
         path = f"/dev/nvidia-caps-imex-channels/channel{req.value}"
         return self.grants((Node(path=path, type="c", major=major, minor=int(req.value)),))
 
+    def claims_resolve(self, items: tuple[DeviceRequest, ...]) -> None:
+        """A DRA claim's device that no CDI spec defines (its driver's claim spec gone) stops the
+        privileged container it would narrow: one line naming the claim and the device."""
+        for r in items:
+            claim = dra_claim_of(r)
+            if claim and r.value not in self.registry().devices:
+                raise InputError(
+                    f"DRA claim {claim}",
+                    r.value,
+                    "no CDI spec defines this device (the driver's claim spec is gone?): "
+                    "the privileged container cannot be narrowed to its claims",
+                )
+            if claim and "-mig-" in r.value.partition("=")[2]:
+                self.specific_mig = True  # NVIDIA's DRA driver: <claim>-gpu-<minor>-mig-<profile>-...
+
     def resolve_all(self) -> dict[DeviceRequest, tuple[Grant, ...]]:
         items = self.requests.items
+        self.claims_resolve(items)
         cdi_names = [r.value for r in items if r.kind is Kind.CDI and not self.is_jit(r.value)]
         if cdi_names:
             self.registry().resolve_devices(cdi_names)  # one error naming every unresolvable device
@@ -346,7 +445,8 @@ class _Resolver:
 
 
 def _is_mig_id(value: str) -> bool:
-    """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (nvidia-toolkit.md §1.3)."""
+    """``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>`` or ``<gpu>:<mig>`` (the MIG forms NVIDIA's
+    container toolkit documents for ``NVIDIA_VISIBLE_DEVICES``)."""
     gpu, sep, mig = value.partition(":")
     return value.upper().startswith("MIG-") or (bool(sep) and gpu.isdigit() and mig.isdigit())
 
@@ -454,12 +554,22 @@ def inputs_for_config(
 ) -> Inputs:
     """The decision's inputs from a config alone (``hook precreate``: no state, pid or bundle yet)."""
     settings = _settings(opts)
+    if opts.dra_state is not None:
+        settings = replace(settings, kubelet_dra_state=str(opts.dra_state))
     opts = resolved(opts, settings)
     warnings: list[str] = []
     annotations = {**config.annotations, **annotations}
     requests = collect(config, annotations, settings, _kubelet(annotations, settings, warnings))
     resolver = _Resolver(opts, settings, config, requests)
     grants = resolver.resolve_all()
+    if any(dra_claim_of(r) for r in requests.items):
+        patterns = settings.accelerator_nodes
+        accel = {
+            r: frozenset(g.key for g in gs if is_accelerator(g.node.path, patterns))
+            for r, gs in grants.items()
+        }
+        requests = only_injected(requests, accel, injected_keys(config.resource_rules))
+        grants = {r: grants[r] for r in requests.items}
     host: tuple[Node, ...] = ()
     if requests.bounded or (
         requests.from_plugin and (is_privileged(config.resource_rules) or config.devices)
@@ -475,4 +585,5 @@ def inputs_for_config(
         specific_mig=resolver.specific_mig,
         host_dev=host_dev_roots(str(opts.driver_root)),
         warnings=(*warnings, *resolver.warnings),
+        no_driver_for=tuple(dict.fromkeys(resolver.no_driver_for)),
     )

@@ -177,16 +177,20 @@ def _stage_version(node: Node, src: Path, version: str) -> None:
         shutil.rmtree(junk, ignore_errors=True)  # compiled for the build's Python: the node's compiles next
     node_tmp = f"{libexec}/versions/{tmp_name}"
     python = node.opts.python
+    # one process: ``-j 0`` would need a writable /dev/shm (multiprocessing's semaphores), which a
+    # node's chroot or a DaemonSet's mount may lack, and gains nothing on a few dozen files
+    check = f"import sys; sys.path.insert(0, {node_tmp + '/lib'!r}); {_IMPORT_CHECK}"
     steps = (
-        [python, "-I", "-m", "compileall", "-q", "-j", "0", "-d", f"{libexec}/versions/{version}", node_tmp],
-        [python, "-ISB", "-c", f"import sys; sys.path.insert(0, {node_tmp + '/lib'!r}); {_IMPORT_CHECK}"],
+        ("byte-compile", [python, "-I", "-m", "compileall", "-q", "-d", f"{libexec}/versions/{version}",
+                          node_tmp]),
+        ("import", [python, "-ISB", "-c", check]),
     )
-    for argv in steps:
+    for step, argv in steps:
         proc = node.run(argv)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            last = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-            raise InstallError(python, "", f"the node's Python cannot run version {version}: {last}")
+            why = f"the node's Python cannot {step} version {version}: {_cause(proc)}"
+            raise InstallError(python, "", why)
     final = versions / version
     if final.exists():
         aside = versions / f".old-{version}-{os.getpid()}"
@@ -195,6 +199,16 @@ def _stage_version(node: Node, src: Path, version: str) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(tmp, final)
+
+
+def _cause(proc: subprocess.CompletedProcess[str]) -> str:
+    """Why a step failed, in one line: compileall names the file on stdout (``*** Error compiling
+    '…'``) and the error after it; a crash's last stderr line is its exception."""
+    out = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    err = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    named = next((ln for ln in out if ln.startswith("***")), "")
+    last = (err or out or [f"exit status {proc.returncode}"])[-1]
+    return (f"{named} {last}" if named and named != last else last)[:300]
 
 
 def _switch(node: Node, version: str) -> None:
@@ -654,6 +668,11 @@ def _unregister_file(node: Node, entry: dict[str, Any]) -> bool:
 def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
+    hooks_file = node.path(f"{opts.hooks_dir}/{engines.HOOKS_NAME}", follow=False)
+    if not rec and not node.path(opts.libexec).exists() and not hooks_file.exists():
+        _say(f"nothing to remove under {node.root}: not installed (no {opts.state_dir}/{RECORD}, "
+             f"no {opts.libexec})")
+        return 0
     for path in {*_hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
         target = node.path(path, follow=False)
         if target.exists() and _ours(target, opts.libexec):

@@ -15,7 +15,7 @@ from pathlib import Path
 from hook.decide import decide
 from hook.errors import HookError, InputError
 from hook.escape import clean
-from hook.gather import Options, load_config, load_inputs
+from hook.gather import Options, inventory_option, load_config, load_inputs
 from hook.oci import OciConfig, parse_state
 from hook.plan import Verdict
 from hook.record import replace
@@ -39,7 +39,7 @@ def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
     return Options(
         driver_root=Path(root[-1]) if root else None,
         spec_dirs=tuple(Path(p) for p in opts.get("--cdi-spec-dir", ())),
-        inventory_file=Path(inventory[-1]) if inventory else None,
+        inventory_file=inventory_option(Path(inventory[-1]) if inventory else None),
         settings_file=Path(config[-1]) if config else None,
         use_cache=use_cache,
     )
@@ -124,23 +124,37 @@ def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]
     except HookError:
         harmless = False
     record: dict[str, Any] = {"container": {"id": container}, "error": str(error)}
+    logs = _salvaged(opts)
     if harmless:
         sys.stderr.write(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
         reason = "settings file broken; the container asks for no device"
-        _log({**record, "verdict": "none", "reason": reason}, None, annotations, opts)
+        _log({**record, "verdict": "none", "reason": reason}, logs, annotations, opts)
         return 0
     sys.stderr.write(f"oci-device-hook: {error}\n")
-    _log({**record, "verdict": "error"}, None, annotations, opts)
+    _log({**record, "verdict": "error"}, logs, annotations, opts)
     return error.exit_code
 
 
-def _decided_before(config: OciConfig, settings: Settings) -> bool:
-    """``hook precreate`` on this node decided exactly these nodes and rules (``hook.marker``)."""
-    from hook.marker import ANNOTATION, load_key, verify
+def _salvaged(opts: dict[str, list[str]]) -> Settings | None:
+    """The log a broken ``--config`` still names (``settings.salvage_log``); None: the default."""
+    from hook.settings import salvage_log
+
+    config = opts.get("--config")
+    return salvage_log(Path(config[-1])) if config else None
+
+
+def _decided_before(config: OciConfig, annotations: Mapping[str, str], settings: Settings) -> bool:
+    """``hook precreate`` on this node decided exactly these nodes and rules, for this pod, on the
+    kubelet evidence and settings it would read now (``hook.marker``)."""
+    from hook.gather import kubelet_evidence
+    from hook.marker import ANNOTATION, binding, load_key, verify
 
     if ANNOTATION not in config.annotations:
         return False
-    return verify(load_key(Path(settings.cache_dir), create=False), config)
+    key = load_key(Path(settings.cache_dir), create=False)
+    if key is None:
+        return False
+    return verify(key, config, binding(kubelet_evidence(annotations, settings), settings))
 
 
 def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
@@ -172,7 +186,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         annotations = state.annotations
         config = load_config(state)
         annotations = {**config.annotations, **state.annotations}
-        if _decided_before(config, settings):
+        if _decided_before(config, annotations, settings):
             record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
             _log({**record, "container": {"id": container}}, settings, annotations, opts)
             return 0
@@ -203,7 +217,7 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
         sys.stderr.write(f"oci-device-hook: {exc}\n")
         _log(
             {"verdict": "error", "container": {"id": container}, "error": str(exc)},
-            settings,
+            settings if settings is not None else _salvaged(opts),  # an option failed before the settings
             annotations,
             opts,
         )

@@ -1,8 +1,10 @@
 """``hook log``: read the decision log back, filtered, oldest first.
 
-Rule: a reader, never a writer; a line it cannot parse is counted and skipped, not fatal (the log
-may hold lines of an older version, or a line cut by a full disk). Rotated files (``.1`` ...,
-``.N.gz`` from logrotate) are read oldest first so the output is in time order.
+Rule: a reader, never a writer; a line it cannot parse, or a record whose fields have the wrong
+types (a ``verdict`` that is not a string ...), is counted and skipped, not fatal (the log may hold
+lines of an older version, a line cut by a full disk, or a line someone wrote by hand). Rotated
+files (``.1`` ..., ``.N.gz`` from logrotate) are read oldest first so the output is in time order.
+Warnings are part of what a person reads: the text shows each under its record.
 """
 
 from __future__ import annotations
@@ -74,6 +76,30 @@ def read_records(path: Path) -> Iterator[dict[str, Any] | None]:
             raise InputError(str(p), "", f"cannot read: {exc.strerror or exc}") from None
 
 
+# The fields the reader filters and prints on, with the JSON type each must have when present.
+_SHAPE: dict[str, type | tuple[type, ...]] = {
+    "verdict": str,
+    "time": str,
+    "reason": str,
+    "error": str,
+    "denied": list,
+    "warnings": list,
+    "pod": (dict, type(None)),
+    "container": dict,
+}
+
+
+def _well_shaped(rec: dict[str, Any]) -> bool:
+    """A record this reader can filter and print: a string verdict, and every known field of its type."""
+    if not isinstance(rec.get("verdict"), str):
+        return False
+    return all(not (k in rec and not isinstance(rec[k], t)) for k, t in _SHAPE.items())
+
+
+def _warnings(rec: dict[str, Any]) -> list[str]:
+    return [str(w) for w in rec.get("warnings") or ()]
+
+
 def _pod(rec: dict[str, Any]) -> dict[str, Any]:
     pod = rec.get("pod")
     return pod if isinstance(pod, dict) else {}
@@ -87,11 +113,12 @@ def select(
     narrowed: bool = False,
     namespace: str = "",
     pod: str = "",
+    warnings: bool = False,
 ) -> tuple[list[dict[str, Any]], int]:
-    """The matching records and how many lines were not records."""
+    """The matching records and how many lines were not records (or not records of this shape)."""
     out, bad = [], 0
     for rec in records:
-        if rec is None:
+        if rec is None or not _well_shaped(rec):
             bad += 1
             continue
         if since and str(rec.get("time", "")) < since:
@@ -103,6 +130,8 @@ def select(
         if namespace and _pod(rec).get("namespace") != namespace:
             continue
         if pod and _pod(rec).get("name") != pod:
+            continue
+        if warnings and not _warnings(rec):
             continue
         out.append(rec)
     return out, bad
@@ -118,7 +147,8 @@ def _line(rec: dict[str, Any]) -> str:
     tail = f" denied={','.join(map(str, denied))}" if denied else ""
     why = rec.get("reason") or rec.get("error") or ""
     line = f"{rec.get('time', '-')}  {rec.get('verdict', '?'):<5}  {who}  {cid}  {why}{tail}"
-    return clean(line, 4096)  # pod names, ids and reasons are the containers' words: escaped, one line
+    # pod names, ids, reasons and warnings are the containers' words: escaped, one line each
+    return "\n".join([clean(line, 4096), *(f"    warning: {clean(w, 4096)}" for w in _warnings(rec))])
 
 
 def render(records: list[dict[str, Any]], bad: int, fmt: str) -> str:
@@ -141,13 +171,24 @@ def cmd_log(
     narrowed: bool = False,
     namespace: str = "",
     pod: str = "",
+    warnings: bool = False,
+    must_exist: bool = False,
 ) -> tuple[str, int]:
+    """``must_exist``: the file was named (``--file``), so a missing one is an error; the settings'
+    log that does not exist yet (no container decided here) is only said so."""
+    start = parse_since(since) if since else ""
+    if not _files(path):
+        if must_exist:
+            raise InputError(str(path), "", "no such log file (nor rotated copies of it)")
+        if fmt == "text":
+            return f"no matching log records ({path} does not exist yet)\n", 0
     records, bad = select(
         read_records(path),
-        since=parse_since(since) if since else "",
+        since=start,
         verdicts=verdicts,
         narrowed=narrowed,
         namespace=namespace,
         pod=pod,
+        warnings=warnings,
     )
     return render(records, bad, fmt), 0

@@ -2,13 +2,18 @@
 
 Rule: pod annotations reach the OCI config (CRI-O passes them all), so a bare "decided" flag
 would let any pod skip its narrowing. The marker is an HMAC-SHA256, under a node-local key only
-root can read, of the config's device nodes and device rules as the runtime will apply them: a
-forged marker, one copied from another container, or a config changed after the decision all
-fail the check, and the hook then decides again. No key (unreadable, wrong owner or mode) means
-no marker is written and none is trusted: the prestart hook decides again and finds nothing to do.
+root can read, of everything that decided: the config's device nodes and device rules as the
+runtime will apply them, the pod identity and kubelet evidence the decision weighed, and the
+settings it ran under (``binding``). A forged marker, one copied from another container or pod,
+a config changed after the decision, a checkpoint that now says something else, or other
+settings all fail the check, and the hook then decides again. No usable key means no marker is
+written and none is trusted: the prestart hook decides again and finds nothing to do.
 
 The key lives in the cache directory (``/run/oci-device-hook``, root's and 0700): losing it only
-costs a second decision, and a reboot rotates it.
+costs a second decision, and a reboot rotates it. A key file that cannot be one (empty, the wrong
+length, readable by others, not root's, a symlink, not a regular file) is replaced at the next
+precreate by renaming a fresh key over the name (the rename never follows what sits there), so
+one bad file cannot disable markers for good.
 """
 
 from __future__ import annotations
@@ -19,16 +24,46 @@ from pathlib import Path
 
 from hook.oci import OciConfig
 
-__all__ = ["ANNOTATION", "KEY_NAME", "digest_text", "load_key", "sign", "verify"]
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from hook.checkpoint import Kubelet
+    from hook.settings import Settings
+
+__all__ = ["ANNOTATION", "KEY_NAME", "binding", "digest_text", "load_key", "sign", "verify"]
 
 ANNOTATION = "oci-device-hook/decided"
 KEY_NAME = "precreate.key"
 KEY_BYTES = 32
-_PREFIX = "v1:"
+_PREFIX = "v2:"
 
 
-def digest_text(config: OciConfig) -> bytes:
-    """What the marker covers, as the runtime will read it: every node and every device rule.
+def binding(kubelet: Kubelet | None, settings: Settings) -> str:
+    """What decided besides the config's devices: the pod identity and the kubelet's evidence
+    (the checkpoint's state and this container's whole allocation; None outside Kubernetes),
+    and a digest of the settings. Precreate binds the values its decision used; prestart
+    gathers them again, so a marker replayed into another pod, or onto a node whose checkpoint
+    or settings say something else now, no longer matches."""
+    import json
+
+    from hook.record import asdict
+    from hook.settings import digest
+
+    evidence = asdict(kubelet) if kubelet is not None else None
+    doc = {"kubelet": evidence, "settings": digest(settings)}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=_plain)
+
+
+def _plain(value: object) -> object:
+    """JSON for what ``asdict`` leaves (enums, sets): the same text in every process, never a repr
+    with an address or a hash order, or no marker would ever verify."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(str, value))
+    return str(value)
+
+
+def digest_text(config: OciConfig, bound: str) -> bytes:
+    """What the marker covers: every node and every device rule, as the runtime will read them,
+    and ``bound`` (``binding``).
 
     Built from the parsed values (not the raw JSON), so an engine that re-encodes the config
     (podman's precreate round trip drops ``null`` and reorders keys) keeps the marker valid.
@@ -37,24 +72,25 @@ def digest_text(config: OciConfig) -> bytes:
 
     nodes = [[d.path, d.type, d.major, d.minor, d.file_mode, d.uid, d.gid] for d in config.devices]
     rules = [[r.allow, str(r.type), r.major, r.minor, str(r.access)] for r in config.resource_rules]
-    return json.dumps(["oci-device-hook/decided/v1", nodes, rules], separators=(",", ":")).encode()
+    doc = ["oci-device-hook/decided/v2", nodes, rules, bound]
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def sign(key: bytes, config: OciConfig) -> str:
+def sign(key: bytes, config: OciConfig, bound: str) -> str:
     import hashlib
     import hmac
 
-    return _PREFIX + hmac.new(key, digest_text(config), hashlib.sha256).hexdigest()
+    return _PREFIX + hmac.new(key, digest_text(config, bound), hashlib.sha256).hexdigest()
 
 
-def verify(key: bytes | None, config: OciConfig) -> bool:
-    """The config carries a marker this node's key made over exactly these nodes and rules."""
+def verify(key: bytes | None, config: OciConfig, bound: str) -> bool:
+    """The config carries a marker this node's key made over exactly these nodes, rules and ``bound``."""
     import hmac
 
     claimed = config.annotations.get(ANNOTATION)
     if key is None or not claimed:
         return False
-    return hmac.compare_digest(claimed.encode(), sign(key, config).encode())
+    return hmac.compare_digest(claimed.encode(), sign(key, config, bound).encode())
 
 
 def _safe_dir(directory: Path) -> bool:
@@ -85,7 +121,10 @@ def load_key(cache_dir: Path, *, create: bool) -> bytes | None:
     """The node's marker key, made on first use when ``create`` (precreate); None when unusable.
 
     A new key is written to a private temporary name and linked into place, so two hooks
-    starting at once agree on one key and no reader ever sees half a key.
+    starting at once agree on one key and no reader ever sees half a key. A bad file at the
+    key's name is replaced by renaming the new key over it (``rename`` replaces the name, never
+    what a symlink points at); two hooks replacing at once may each sign with their own key,
+    and the loser's marker then only costs a second decision.
     """
     path = cache_dir / KEY_NAME
     if not create:
@@ -107,11 +146,11 @@ def load_key(cache_dir: Path, *, create: bool) -> bytes | None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        # another hook may have won the race (or a bad file sits there): read whatever is in place
-        try:  # noqa: SIM105 - contextlib would be one more import at start
+        try:
             os.link(tmp, path)
-        except FileExistsError:
-            pass
+        except FileExistsError:  # another hook won the race, or a bad key file sits there
+            if _read_key(path) is None:
+                os.rename(tmp, path)
     except OSError:
         return None
     finally:

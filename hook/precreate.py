@@ -23,8 +23,8 @@ from hook.decide import Inputs, decide
 from hook.errors import HookError
 from hook.escape import clean
 from hook.gather import host_devices, inputs_for_config, resolved
-from hook.live import _remember, options_from
-from hook.marker import ANNOTATION, load_key, sign, verify
+from hook.live import _decided_before, _remember, _salvaged, options_from
+from hook.marker import ANNOTATION, binding, load_key, sign
 from hook.oci import OciConfig, parse_config, parse_config_object
 from hook.plan import Plan, Verdict
 from hook.record import replace
@@ -109,9 +109,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
         _remember(opts, settings)  # later plain containers take entry's fast path under these settings
         config = parse_config(stdin, SOURCE, "")
         container = _container_id(config)
-        if ANNOTATION in config.annotations and verify(
-            load_key(Path(settings.cache_dir), create=False), config
-        ):
+        if _decided_before(config, config.annotations, settings):
             return 0, stdin  # decided on this node before (the wrapper after podman, a retried create)
         options = resolved(replace(options, settings=settings), settings)
         inputs = inputs_for_config(config, {}, container, options)
@@ -138,7 +136,8 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
         if key is not None:
             annotations = out.setdefault("annotations", {})
             annotations.pop(ANNOTATION, None)
-            annotations[ANNOTATION] = sign(key, parse_config_object(out, SOURCE, ""))
+            bound = binding(inputs.requests.kubelet, settings)
+            annotations[ANNOTATION] = sign(key, parse_config_object(out, SOURCE, ""), bound)
         else:
             report["warnings"] = [
                 *report.get("warnings", []),
@@ -154,7 +153,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
         _runtime_log(f"oci-device-hook: {exc}")
         _log(
             {"verdict": "error", "stage": "precreate", "container": {"id": container}, "error": str(exc)},
-            settings,
+            settings if settings is not None else _salvaged(opts),
             config,
         )
         return exc.exit_code, b""

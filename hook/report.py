@@ -60,7 +60,20 @@ def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
         "env_requests": str(settings.env_requests),
         "bounded": inputs.requests.bounded,
         "dra_claims": k.dra,
+        "dra": _dra(inputs),
     }
+
+
+def _dra(inputs: Inputs) -> dict[str, Any] | None:
+    """The kubelet's DRA state as this decision read it: the file, how it read, the pod's claims,
+    and which of them decided (narrowed this container); None when no DRA state was looked at."""
+    from hook.requests import dra_claim_of
+
+    view = inputs.requests.kubelet.dra_view if inputs.requests.kubelet is not None else None
+    if view is None:
+        return None
+    decided = sorted({dra_claim_of(r) for r in inputs.requests.items if dra_claim_of(r)})
+    return {**view.to_json(), "decided": decided}
 
 
 def render_json(report: dict[str, Any]) -> str:
@@ -96,6 +109,17 @@ def render_text(report: dict[str, Any]) -> str:
             f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
             f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
         )
+        d = k.get("dra")
+        if d and d["state"] != "absent":
+            claims = ", ".join(
+                f"{c['namespace']}/{c['name']} ({', '.join(c['cdi_ids']) or 'no CDI devices'})"
+                for c in d["claims"]
+            )
+            decided = f"; decided by {clean(', '.join(d['decided']))}" if d["decided"] else ""
+            lines.append(
+                f"kubernetes DRA: {d['state_file']} {d['state']}; "
+                f"claims {clean(claims) or 'none of this pod'}{decided}"
+            )
     if report["evidence"]:
         lines.append(f"plugin allocation evidence: {clean(', '.join(report['evidence']))}")
     if report["cgroup"]:

@@ -1,6 +1,8 @@
 """Device requests: what a container asked for, where the ask came from, and whether a plugin made it.
 
-Rule: NVIDIA's precedence (research/nvidia-toolkit.md §1.3) decides which channel *grants*
+Rule: NVIDIA's precedence (nvidia-container-toolkit ``cmd/nvidia-container-runtime-hook/
+container_config.go``, ``getDevices``: the volume-mount list first, then the env; CDI annotations
+ahead of both in its CDI modifier) decides which channel *grants*
 devices: CDI annotations, else the volume-mount list, else the visible-devices env. The kubelet
 checkpoint and specifically-allowed nodes always count. ``from_plugin`` is evidence, not trust:
 a visible-devices env counts as a plugin's only when something a pod cannot forge corroborates it.
@@ -17,7 +19,7 @@ from enum import StrEnum
 from hook.checkpoint import Allocation, Kubelet
 from hook.errors import InputError
 from hook.oci import LinuxDevice, OciConfig
-from hook.record import record
+from hook.record import record, replace
 from hook.rules import Access, DeviceType, Rule
 from hook.settings import EnvRequests, Settings
 
@@ -32,6 +34,9 @@ __all__ = [
     "split_ids",
     "is_legacy_image",
     "gpu_resource",
+    "injected_keys",
+    "only_injected",
+    "dra_claim_of",
 ]
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -39,6 +44,7 @@ IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_ENVS = {"NVIDIA_MIG_CONFIG_DEVICES": "mig-config", "NVIDIA_MIG_MONITOR_DEVICES": "mig-monitor"}
 CHECKPOINT = "kubelet-checkpoint"
+DRA = "kubelet-dra"  # a claim's CDI device, from the kubelet's DRA state (hook.dra)
 
 
 class Kind(StrEnum):
@@ -168,7 +174,9 @@ def _mounted_ids(a: Allocation, root: str) -> list[str]:
 def _from_checkpoint(
     allocs: Sequence[Allocation], config: OciConfig, settings: Settings
 ) -> list[DeviceRequest]:
-    by_path = {d.path: d for d in config.devices}
+    by_path: dict[str, LinuxDevice] = {}
+    for d in config.devices:
+        by_path.setdefault(d.path, d)  # the first entry at a path is the node runc creates
     root = posixpath.normpath(settings.volume_mount_root)
     out: list[DeviceRequest] = []
     for a in allocs:
@@ -201,6 +209,59 @@ def _from_checkpoint(
             )  # time-slicing replicas: "<uuid>::<n>"
             out += [_id_request(d, src, True) for d in ids]
     return out
+
+
+def _from_dra(kubelet: Kubelet | None, config: OciConfig) -> list[DeviceRequest]:
+    """The CDI devices of the pod's DRA claims, for a privileged container only: an unprivileged
+    one already has exactly what the engine injected (each node with its own allow rule)."""
+    view = kubelet.dra_view if kubelet is not None else None
+    if view is None or not view.claims or not is_privileged(config.resource_rules):
+        return []
+    return [
+        DeviceRequest(source=f"{DRA}:{claim.label}", value=cdi_id, kind=Kind.CDI, from_plugin=True)
+        for claim in view.claims
+        for device in claim.devices
+        for cdi_id in device.cdi_ids
+    ]
+
+
+def dra_claim_of(req: DeviceRequest) -> str:
+    """The claim (``namespace/name (uid)``) a DRA request came from; "" for any other request."""
+    head, sep, claim = req.source.partition(":")
+    return claim if sep and head == DRA else ""
+
+
+def injected_keys(rules: Sequence[Rule]) -> frozenset[tuple[str, int, int]]:
+    """Exact allow rules after the (last) allow-all: in a privileged container the engine resets
+    the rules to one allow-all, and CDI injection (containerd ``WithCDI``, CRI-O
+    ``SpecInjectCDIDevices``) then appends one allow rule per injected node, so these are the
+    devices injected into this very container (the CDI library's ``InjectDevices``, which both call,
+    adds one allow rule per device node)."""
+    last = max((i for i, r in enumerate(rules) if is_privileged((r,))), default=None)
+    if last is None:
+        return frozenset()
+    return frozenset(
+        (str(r.type), r.major, r.minor)
+        for r in rules[last + 1 :]
+        if r.allow and r.major is not None and r.minor is not None
+    )
+
+
+def only_injected(
+    requests: Requests,
+    accelerators: Mapping[DeviceRequest, frozenset[tuple[str, int, int]]],
+    injected: frozenset[tuple[str, int, int]],
+) -> Requests:
+    """The pod's claim devices narrowed to this container's: the DRA state has no container names,
+    so a claim device counts for this container when every accelerator node it resolves to was
+    injected into it (a MIG device's GPU alone does not single it out; its GI/CI caps do). When
+    none was, the container keeps the union of the pod's claims: never wider than the pod's."""
+    claim_reqs = [r for r in requests.items if dra_claim_of(r)]
+    chosen = {r for r in claim_reqs if accelerators.get(r) and accelerators[r] <= injected}
+    if not chosen:
+        return requests
+    items = tuple(r for r in requests.items if not dra_claim_of(r) or r in chosen)
+    return replace(requests, items=items)
 
 
 def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -> list[DeviceRequest]:
@@ -303,13 +364,14 @@ def _mig_management(
     out = []
     for env, kind in MIG_ENVS.items():
         value = config.env.get(env, "").strip()
-        if not value:
+        tokens = split_ids(value)  # empty items are skipped, as libnvidia-container does: ",all" is all
+        if not tokens:
             continue
         if vouched is not None and vouched.get(env, "").strip() != value:
             warnings.append(f"{env}={value} ignored: {_NOT_VOUCHED}")
             ignored.append(f"{env}={value}")
             continue
-        if value.lower() != "all":
+        if any(t.lower() != "all" for t in tokens):
             raise InputError(config.source, f"process.env.{env}", f"only 'all' is supported, got {value!r}")
         out.append(DeviceRequest(source=f"env:{env}", value="all", kind=Kind(kind), from_plugin=False))
     return out
@@ -326,6 +388,42 @@ _NOT_VOUCHED = (
     "a Kubernetes container's env counts only with the kubelet's allocation of a GPU "
     "(or in a namespace listed in env_trusted_namespaces)"
 )
+
+
+def _mounts_vouched(
+    mounts: list[DeviceRequest], kubelet: Kubelet, bounded: bool, warnings: list[str], ignored: list[str]
+) -> list[DeviceRequest]:
+    """A Kubernetes container's ``/dev/null`` volume-mount requests, under ``env_requests: auto``.
+
+    Any pod allowed a ``hostPath: /dev/null`` volume can write such a mount, so where the
+    kubelet's checkpoint answers (``bounded``) one counts only when this container's allocation
+    carries that very mount, as the env needs the allocation. Where it cannot answer (absent,
+    unreadable, corrupt, or DRA claims it does not list) they count as before, and a warning says so.
+    """
+    pod = kubelet.pod
+    where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
+    if not bounded:
+        state = "does not list the pod's DRA claims" if kubelet.known else f"is {kubelet.state}"
+        names = ", ".join(m.source.removeprefix("mount:") for m in mounts)
+        warnings.append(
+            f"{names}: /dev/null volume mount(s) of {where} counted without the kubelet's word: "
+            f"its checkpoint {kubelet.checkpoint} {state}"
+        )
+        return mounts
+    carried = {posixpath.normpath(c) for a in kubelet.allocations for c, _host in a.mounts if c}
+    kept = []
+    for m in mounts:
+        dest = m.source.removeprefix("mount:")
+        if dest in carried:
+            kept.append(m)
+            continue
+        warnings.append(
+            f"{dest}: /dev/null volume mount ignored: the kubelet's allocation to {where} "
+            f"({kubelet.checkpoint}) carries no such mount; any pod allowed a hostPath /dev/null "
+            "volume can write one"
+        )
+        ignored.append(f"mount {dest}")
+    return kept
 
 
 def _env_refusal(kubelet: Kubelet, corroboration: str, value: str) -> str:
@@ -367,11 +465,16 @@ def collect(
         and kubelet.pod.namespace in settings.env_trusted_namespaces
     )
     needs_kubelet = kubelet is not None and mode is EnvRequests.AUTO and not trusted
-    # DRA claims inject CDI devices the device-plugin checkpoint does not list: no bound then
-    bounded = needs_kubelet and kubelet is not None and kubelet.known and not kubelet.dra
-    checkpoint = _from_checkpoint(allocs, config, settings)
+    # DRA claims inject CDI devices the device-plugin checkpoint does not list: no bound then,
+    # nor when the DRA state exists but cannot be read (the pod may hold claims)
+    bounded = (
+        needs_kubelet and kubelet is not None and kubelet.known and not (kubelet.dra or kubelet.dra_unknown)
+    )
+    checkpoint = [*_from_checkpoint(allocs, config, settings), *_from_dra(kubelet, config)]
     granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
     mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
+    if needs_kubelet and kubelet is not None and mounts:
+        mounts = _mounts_vouched(mounts, kubelet, bounded, warnings, ignored)
     if not granting:
         granting = [m for m in mounts if m.kind is not Kind.IMEX]
     imex = [m for m in mounts if m.kind is Kind.IMEX]

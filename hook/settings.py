@@ -26,6 +26,9 @@ __all__ = [
     "DEFAULT_PATH",
     "parse_settings",
     "load_settings",
+    "digest",
+    "salvage_log",
+    "check_file",
 ]
 
 DEFAULT_PATH = Path("/etc/oci-device-hook/config.yaml")
@@ -68,7 +71,9 @@ DEFAULT_TRUSTED_NAMESPACES: tuple[str, ...] = (
 # allocation of one of these vouches for NVIDIA_VISIBLE_DEVICES (a NIC's entry does not).
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
 
-# Accelerator node patterns per vendor (fnmatch, relative to /dev); research/device-plugins.md §4.
+# Accelerator node patterns per vendor (fnmatch, relative to /dev): the nodes each vendor's device
+# plugin hands a container (NVIDIA k8s-device-plugin, ROCm k8s-device-plugin, Intel's device plugins,
+# Ascend, Hygon, Iluvatar, T-Head, Cambricon, Moore Threads).
 DEFAULT_ACCELERATOR_NODES: Mapping[str, tuple[str, ...]] = {
     "nvidia": ("nvidia[0-9]*", "nvidia-caps/*", "nvidia-caps-imex-channels/*"),
     "amd": ("dri/renderD*", "dri/card*"),  # /dev/kfd is node-global: a control node, kept
@@ -97,6 +102,7 @@ class Settings:
     cdi_annotation_prefixes: tuple[str, ...] = ("cdi.k8s.io/",)
     volume_mount_root: str = "/var/run/nvidia-container-devices"
     kubelet_checkpoint: str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    kubelet_dra_state: str = ""  # "": dra_manager_state in kubelet_checkpoint's kubelet root dir
     corroborating_env: tuple[str, ...] = DEFAULT_CORROBORATING_ENV
     accelerator_nodes: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: dict(DEFAULT_ACCELERATOR_NODES)
@@ -117,6 +123,15 @@ class Settings:
     @property
     def default_cdi_kind(self) -> str:
         return self.cdi_kinds[0]
+
+    @property
+    def dra_state_path(self) -> str:
+        """The kubelet's DRA state: the setting, else beside the checkpoint's ``device-plugins/``."""
+        if self.kubelet_dra_state:
+            return self.kubelet_dra_state
+        from hook.dra import default_path
+
+        return default_path(self.kubelet_checkpoint)
 
 
 def _str_list(key: str, value: Any, source: str) -> tuple[str, ...]:
@@ -167,6 +182,8 @@ def _convert(key: str, value: Any, source: str) -> Any:
         return value
     if key == "runtime":
         return _runtime(value, source)
+    if key == "kubelet_dra_state" and value == "":
+        return value  # derived from kubelet_checkpoint (the default, as settings documents write it)
     if key == "cdi_spec_dirs":
         dirs = value if isinstance(value, list) else None
         if dirs is None or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
@@ -199,22 +216,66 @@ ALIAS = "accept_envvar_when_unprivileged"
 _KEYS = frozenset(f.name for f in fields(Settings)) | {ALIAS}
 
 
-def parse_settings(obj: Any, source: str) -> Settings:
-    """Build Settings from a decoded YAML document (None = empty file = defaults)."""
-    if obj is None:
-        return Settings()
+def _unknown(key: object, source: str) -> InputError:
+    """An unknown key, with the closest known one when there is one (as ``hook doctr`` is answered)."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(str(key), sorted(_KEYS), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InputError(source, str(key), f"unknown setting{hint}")
+
+
+def _collect(obj: Any, source: str) -> tuple[dict[str, Any], list[InputError]]:
+    """Every key's value and every key's error, in the file's order."""
     if not isinstance(obj, dict):
-        raise InputError(source, "", "expected a mapping of settings")
+        return {}, [InputError(source, "", "expected a mapping of settings")]
     values: dict[str, Any] = {}
+    errors: list[InputError] = []
     for key, value in obj.items():
         if key not in _KEYS:
-            raise InputError(source, str(key), "unknown setting")
+            errors.append(_unknown(key, source))
+            continue
         name = "env_requests" if key == ALIAS else key
-        converted = _convert(key, value, source)
+        try:
+            converted = _convert(key, value, source)
+        except InputError as exc:
+            errors.append(exc)
+            continue
         if name in values and values[name] != converted:
-            raise InputError(source, key, f"contradicts env_requests: {values[name]}; set only env_requests")
+            errors.append(
+                InputError(source, key, f"contradicts env_requests: {values[name]}; set only env_requests")
+            )
+            continue
         values[name] = converted
+    return values, errors
+
+
+def parse_settings(obj: Any, source: str) -> Settings:
+    """Build Settings from a decoded YAML document (None = empty file = defaults); the first error raises."""
+    if obj is None:
+        return Settings()
+    values, errors = _collect(obj, source)
+    if errors:
+        raise errors[0]
     return Settings(**values)
+
+
+def check_file(path: Path) -> list[InputError]:
+    """Every error in a settings file (``hook settings check``): all bad keys and values at once;
+    a file that cannot be read or is not YAML is one error."""
+    try:
+        data = _read_file(path)
+    except FileNotFoundError:
+        return [InputError(str(path), "", "no such file")]
+    except OSError as exc:
+        return [InputError(str(path), "", exc.strerror or str(exc))]
+    except InputError as exc:
+        return [exc]
+    try:
+        doc = parse_yaml(data, str(path))
+    except InputError as exc:
+        return [exc]
+    return [] if doc is None else _collect(doc, str(path))[1]
 
 
 def _read_file(path: Path) -> bytes:
@@ -255,6 +316,34 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
     if compiled is not None:
         return compiled
     return parse_settings(parse_yaml(data, str(path)), str(path))
+
+
+def salvage_log(path: Path) -> Settings:
+    """Where a settings file that does not load still says the log goes: defaults, but with its
+    ``log_file`` / ``log_max_bytes`` when those two are readable and valid (a file broken
+    elsewhere, or YAML that does not parse but holds one plain top-level ``log_file: /path``
+    line). The error about the file then reaches the operator's log, not the default one."""
+    import re
+
+    try:
+        data = _read_file(path)
+    except (OSError, InputError):
+        return Settings()
+    values: dict[str, Any] = {}
+    try:
+        doc = parse_yaml(data, str(path))
+    except InputError:
+        text = data.decode("utf-8", "replace")
+        found = re.findall(r"(?m)^log_file:[ \t]*(/[^\s#'\"]+)[ \t]*(?:#.*)?$", text)
+        doc = {"log_file": found[0]} if len(found) == 1 else None
+    if isinstance(doc, dict):
+        for key in ("log_file", "log_max_bytes"):
+            if key in doc:
+                try:  # noqa: SIM105 - contextlib would be one more import on the error path
+                    values[key] = _convert(key, doc[key], str(path))
+                except InputError:
+                    pass
+    return Settings(**values)
 
 
 def parse_yaml(data: bytes, source: str) -> Any:
@@ -324,6 +413,16 @@ def _document(settings: Settings) -> dict[str, object]:
             value = value.value
         doc[f.name] = value
     return doc
+
+
+def digest(settings: Settings) -> str:
+    """SHA-256 of the settings' values (not the file's bytes: a comment or key order changes nothing
+    a decision reads), for the precreate marker (``hook.marker.binding``)."""
+    import hashlib
+    import json
+
+    text = json.dumps(_document(settings), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 FASTPATH_CACHE = Path("/run/oci-device-hook/fastpath.json")

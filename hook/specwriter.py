@@ -74,36 +74,20 @@ def _allow_list(rules: list[Any], devices: Iterable[Any], host: HostDevices) -> 
 
 
 def cdi_already_applied(config: dict[str, Any], edits: ContainerEdits) -> bool:
-    """Every edit is already in the config: a CDI-aware engine (CRI-O, containerd with CDI on)
-    applied these devices itself, and applying them again would repeat mounts and hooks."""
-    process = config.get("process") or {}
-    env = set(process.get("env") or ())
-    linux = config.get("linux") or {}
-    paths = {d.get("path") for d in linux.get("devices") or () if isinstance(d, dict)}
-    dests = {m.get("destination") for m in config.get("mounts") or () if isinstance(m, dict)}
-    hooks = {
-        (h.get("path"), tuple(h.get("args") or ()))
-        for stage in (config.get("hooks") or {}).values()
-        for h in stage or ()
-        if isinstance(h, dict)
-    }
-    gids = set((process.get("user") or {}).get("additionalGids") or ())
-    nets = set((linux.get("netDevices") or {}).keys()) if isinstance(linux.get("netDevices"), dict) else set()
-    return (
-        set(edits.env) <= env
-        and {n.path for n in edits.device_nodes} <= paths
-        and {m.container_path for m in edits.mounts} <= dests
-        and {(h.path, tuple(h.args)) for h in edits.hooks} <= hooks
-        and {g for g in edits.additional_gids if g != 0} <= gids
-        and {n.host_interface_name for n in edits.net_devices} <= nets
-        and (edits.intel_rdt is None or linux.get("intelRdt") == edits.intel_rdt.to_oci())
-    )
+    """Every edit is already in the config, exactly (``hook.cdi.pending.pending`` is empty)."""
+    from hook.cdi.pending import pending
+
+    return pending(config, edits).is_empty()
 
 
 def fold_cdi(config: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
-    """``config`` with the CDI edits applied as the engine would, unless it already did."""
+    """``config`` with the CDI edits applied as the engine would, less what the engine already
+    applied exactly (``hook.cdi.pending``): a node or mount that differs is applied, and so
+    replaces the entry at its path or destination."""
     from hook.cdi.edits import apply_to_config
+    from hook.cdi.pending import pending
 
-    if edits.is_empty() or cdi_already_applied(config, edits):
+    rest = pending(config, edits)
+    if rest.is_empty():
         return config
-    return apply_to_config(config, edits)
+    return apply_to_config(config, rest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def test_healthy_host_passes_every_check(host: dict[str, Path]) -> None:
     checks, code = _run(host)
     assert code == 0, checks
     assert [c["name"] for c in checks] == [
-        "driver", "cdi", "cgroup", "hooks.d", "hooks.d order", "containerd", "settings", "kubelet"
+        "driver", "cdi", "cgroup", "hooks.d", "hooks.d order", "containerd", "settings", "kubelet",
+        "kubelet DRA",
     ]  # fmt: skip
     assert all(set(c) >= {"name", "ok", "detail"} for c in checks)
     by = _by_name(checks)
@@ -100,7 +102,7 @@ def test_text_checklist_marks_and_hints(host: dict[str, Path]) -> None:
     assert "✓ cgroup: v1 hybrid" in text
     assert "✗ driver: " in text and "no major for nvidia-uvm, nvidia-caps" in text
     assert "    fix: load the NVIDIA kernel modules" in text
-    assert text.splitlines()[-1] == "7 of 8 checks passed"
+    assert text.splitlines()[-1] == "8 of 9 checks passed"
 
 
 def test_driver_missing(host: dict[str, Path], tmp_path: Path) -> None:
@@ -251,3 +253,82 @@ def test_kubelet_corrupt_checkpoint_fails_the_check(host: dict[str, Path]) -> No
     _checkpoint_at(host["host"], DEFAULT, b'{"Data": []}')
     c = doctor.check_kubelet(host["settings"], host["host"])
     assert not c.ok and "Data: expected an object" in c.detail
+
+
+# --- kubelet DRA state (issue 20) -------------------------------------------------------------------
+
+RKE2_DRA = "var/lib/rancher/rke2/agent/kubelet/dra_manager_state"
+
+
+def _dra_at(host: Path, rel: str, data: bytes | None = None) -> Path:
+    from tests.dra_shapes import FIXTURES
+
+    path = host / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes((FIXTURES / "entries-two-claims.json").read_bytes() if data is None else data)
+    return path
+
+
+def test_doctor_prints_what_the_dra_state_holds(host: dict[str, Path]) -> None:
+    _dra_at(host["host"], "var/lib/kubelet/dra_manager_state")
+    text, code = _run(host, "text")
+    assert code == 0, text
+    assert (
+        "✓ kubelet DRA: /var/lib/kubelet/dra_manager_state: 2 claim(s) of 1 pod(s), 1 CDI device(s) "
+        "(drivers: test-driver.cdi.k8s.io; checksum verified); "
+        "privileged pods with claims are narrowed to them"
+    ) in text
+
+
+def test_doctor_says_a_1_30_state_is_not_verified(host: dict[str, Path]) -> None:
+    from tests.dra_shapes import FIXTURES
+
+    legacy = (FIXTURES / "legacy-1.30-single.json").read_bytes()
+    _dra_at(host["host"], "var/lib/kubelet/dra_manager_state", legacy)
+    c = doctor.check_kubelet_dra(host["settings"], host["host"])
+    assert c.ok and "Kubernetes 1.30 format, checksum not verified" in c.detail
+
+
+def test_doctor_no_dra_state_is_no_dra_on_this_node(host: dict[str, Path]) -> None:
+    c = doctor.check_kubelet_dra(host["settings"], host["host"])
+    assert c.ok and c.detail.startswith("no kubelet DRA state at /var/lib/kubelet/dra_manager_state nor at")
+
+
+@pytest.mark.parametrize(
+    "rel",
+    ["var/lib/rancher/k3s/agent/kubelet/dra_manager_state", RKE2_DRA,
+     "var/snap/microk8s/common/var/lib/kubelet/dra_manager_state"],
+    ids=["k3s", "rke2", "microk8s"],
+)  # fmt: skip
+def test_doctor_finds_the_dra_state_of_k3s_rke2_microk8s(host: dict[str, Path], rel: str) -> None:
+    _dra_at(host["host"], rel)
+    c = doctor.check_kubelet_dra(host["settings"], host["host"])
+    assert not c.ok and "privileged pods with DRA claims on this node are not narrowed" in c.detail
+    assert c.fix == f"set kubelet_dra_state: /{rel} in {host['settings']}"
+    host["settings"].write_text(f"kubelet_dra_state: /{rel}\n")
+    c2 = doctor.check_kubelet_dra(host["settings"], host["host"])
+    assert c2.ok and "2 claim(s) of 1 pod(s)" in c2.detail
+
+
+def test_doctor_follows_kubelet_checkpoint_to_its_root(host: dict[str, Path]) -> None:
+    _dra_at(host["host"], "var/lib/rancher/k3s/agent/kubelet/dra_manager_state")
+    host["settings"].write_text(f"kubelet_checkpoint: /{K3S}\n")
+    c = doctor.check_kubelet_dra(host["settings"], host["host"])
+    assert c.ok and c.detail.startswith("/var/lib/rancher/k3s/agent/kubelet/dra_manager_state: 2 claim(s)")
+
+
+def test_doctor_fails_a_corrupt_dra_state(host: dict[str, Path]) -> None:
+    from tests.dra_shapes import FIXTURES
+
+    bad = (FIXTURES / "entries-incorrect-checksum.json").read_bytes()
+    _dra_at(host["host"], "var/lib/kubelet/dra_manager_state", bad)
+    c = doctor.check_kubelet_dra(host["settings"], host["host"])
+    assert not c.ok and "checksum mismatch" in c.detail and "left alone" in c.detail
+
+
+def test_doctor_never_hangs_on_a_fifo_dra_state(host: dict[str, Path]) -> None:
+    path = host["host"] / "var/lib/kubelet/dra_manager_state"
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    c = doctor.check_kubelet_dra(host["settings"], host["host"])
+    assert not c.ok and "not a regular file" in c.detail

@@ -27,13 +27,29 @@ EXPECTED = {
         "none",
         "privileged container without a plugin allocation: all devices on purpose, left alone",
     ),
+    "dra-claim-privileged": (
+        "apply",
+        "narrowed a privileged container to its plugin allocation "
+        "k8s.gpu.nvidia.com/claim=9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b-gpu-2 "
+        "(kubelet-dra:ml/gpu-claim (9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b))",
+    ),
+}
+# The DRA bundle carries its node's claim spec and the kubelet's DRA state (README).
+EXTRA = {
+    "dra-claim-privileged": [
+        "--cdi-spec-dir",
+        str(EXAMPLES / "dra-claim-privileged" / "cdi"),
+        "--kubelet-dra-state",
+        str(EXAMPLES / "dra-claim-privileged" / "kubelet" / "dra_manager_state"),
+    ]
 }
 
 
 def run_example(name: str, tmp: Path, fmt: str, *extra: str) -> tuple[int, str, str]:
     root = tmp / "root"
     root.mkdir(exist_ok=True)
-    res = hook_cli("--bundle", str(EXAMPLES / name), *node_args(root), "--format", fmt, *extra)
+    more = EXTRA.get(name, [])
+    res = hook_cli("--bundle", str(EXAMPLES / name), *node_args(root), *more, "--format", fmt, *extra)
     return res.returncode, res.stdout, res.stderr
 
 
@@ -126,3 +142,18 @@ def test_k8s_pair_image_env_alone_is_no_request_but_the_allocation_is(tmp_path: 
     gpus = [r for r in allocated["cgroup"] if r["major"] == 195 and r["minor"] < 255]
     assert gpus == [{"allow": True, "type": "c", "major": 195, "minor": 2, "access": "rw"}]
     assert allocated["evidence"] == ["mount"]
+
+
+def test_dra_example_keeps_only_its_claims_gpu(tmp_path: Path) -> None:
+    """Issue 20: the claim's GPU 2 and the control nodes stay; every other card and MIG cap goes."""
+    report = json.loads(run_example("dra-claim-privileged", tmp_path, "json")[1])
+    gpus = {f"/dev/nvidia{i}" for i in range(8)}
+    assert gpus - set(report["nodes"]["remove"]) == {"/dev/nvidia2"}
+    denied = {(r["major"], r["minor"]) for r in report["cgroup"] if not r["allow"]}
+    assert {(195, i) for i in range(8)} - denied == {(195, 2)}
+    assert {(237, m) for m in (1, 2, 12, 13, 21, 22)} <= denied
+    dra = report["kubernetes"]["dra"]
+    assert (dra["state"], dra["decided"]) == ("read", ["ml/gpu-claim (9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b)"])
+    absent = str(tmp_path / "none")  # the last --kubelet-dra-state wins
+    without = run_example("dra-claim-privileged", tmp_path, "json", "--kubelet-dra-state", absent)
+    assert json.loads(without[1])["verdict"] == "none"  # the issue's measurement: no DRA evidence

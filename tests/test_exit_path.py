@@ -3,7 +3,8 @@
 Differential: every case runs twice in a real subprocess, once through ``python -m hook`` (the
 launcher's ``run()``: flush, then ``os._exit``) and once through ``sys.exit(main(...))`` (normal
 interpreter teardown); exit status, stdout, stderr and the log must be identical. Each run is in
-its own ``unshare -m`` with a tmpfs over /run, so the host's /run/oci-device-hook is never touched.
+its own ``unshare -m`` with a tmpfs over /run and /var/log, so the host's /run/oci-device-hook and
+default log are never touched.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 NORMAL = "import sys; from hook.entry import main; sys.exit(main(sys.argv[1:]))"
-IN_NS = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+# a private /run (the fast-path cache) and /var/log: the "missing settings file" case logs to the
+# default log, which must never be the host's
+IN_NS = (
+    'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && mount -t tmpfs tmpfs /var/log'
+    ' && exec "$@"'
+)
 
 
 def _run(how: str, args: list[str], stdin: bytes, log: Path) -> tuple[int, str, str, str]:

@@ -164,6 +164,40 @@ def test_broken_settings_stop_only_containers_they_could_change(tmp_path: Path, 
         assert res.returncode == 1 and len(lines) == 1 and str(bad) in lines[0], (name, lines)
 
 
+@pytest.mark.parametrize("broken", ["bad-value", "not-yaml"])
+def test_a_broken_settings_files_line_goes_to_the_log_it_names(tmp_path: Path, broken: str) -> None:
+    """Issue 21, item 8: the operator's ``log_file`` still holds the error (and the plain container's
+    "started anyway"), not the default log: read from the YAML, or from one plain ``log_file:``
+    line when the YAML does not parse."""
+    log = tmp_path / "operator.log"
+    bad = tmp_path / "config.yaml"
+    bad.write_text(f"log_file: {log}\n" + BROKEN[broken])
+    plain = run_hook(state(write_bundle(tmp_path / "plain", PLAIN)), bad, tmp_path)
+    device = run_hook(state(write_bundle(tmp_path / "privileged", PRIVILEGED)), bad, tmp_path)
+    assert (plain.returncode, device.returncode) == (0, 1)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["verdict"] for r in records] == ["none", "error"]
+    assert all(str(bad) in r["error"] for r in records)
+
+
+def test_salvage_log_takes_only_a_valid_unambiguous_log_file(tmp_path: Path) -> None:
+    from hook.settings import Settings, salvage_log
+
+    path = tmp_path / "config.yaml"
+    default = Settings().log_file
+    for text, expected in {
+        "log_file: /x/y.log\nlog_max_bytes: 8192\nnope: 1\n": ("/x/y.log", 8192),
+        "log_file: relative.log\nnope: 1\n": (default, Settings().log_max_bytes),
+        "log_file: /a.log\nlog_file: /b.log\n": (default, Settings().log_max_bytes),  # duplicate: no YAML
+        "log_file: /x/y.log # here\n  - [\n": ("/x/y.log", Settings().log_max_bytes),
+        "  log_file: /nested.log\n[\n": (default, Settings().log_max_bytes),
+    }.items():
+        path.write_text(text)
+        s = salvage_log(path)
+        assert (s.log_file, s.log_max_bytes) == expected, text
+    assert salvage_log(tmp_path / "absent.yaml") == Settings()
+
+
 def test_duplicate_key_is_an_error_naming_key_and_line(tmp_path: Path) -> None:
     from hook.errors import InputError
     from hook.settings import load_settings
@@ -191,6 +225,26 @@ def test_settings_check_command(tmp_path: Path, text: str, rc: int) -> None:
     assert res.returncode == rc, res
     out = (res.stdout + res.stderr).strip().splitlines()
     assert len(out) == 1 and str(path) in out[0], out
+
+
+def test_settings_check_reports_every_error_and_the_closest_key(tmp_path: Path) -> None:
+    """Issue 22, item 5: all of a file's errors at once, an unknown key with the closest known one."""
+    path = tmp_path / "config.yaml"
+    path.write_text("privileged_alocation: narrow\ncap_access: rwx\nlog_file: rel.log\nzzz: 1\nruntime: x\n")
+    res = subprocess.run(
+        [sys.executable, "-I", "-m", "hook", "settings", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr.splitlines() == [
+        f"hook: {path}: privileged_alocation: unknown setting; did you mean 'privileged_allocation'?",
+        f"hook: {path}: cap_access: expected r or rw",
+        f"hook: {path}: log_file: expected an absolute path",
+        f"hook: {path}: zzz: unknown setting",
+    ]
 
 
 def test_simulation_of_odd_configs_is_never_a_traceback(tmp_path: Path) -> None:

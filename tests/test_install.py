@@ -91,15 +91,12 @@ class Node:
             "--containerd-config", str(self.containerd),
         ]  # fmt: skip
 
+    def installer_argv(self, action: str, src: Path, *extra: str) -> list[str]:
+        installer = str(src / "usr/libexec/oci-device-hook/installer")
+        return [installer, action, "--src", str(src), *self.args(), *extra]
+
     def installer(self, action: str, src: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-        cmd = [
-            str(src / "usr/libexec/oci-device-hook/installer"),
-            action,
-            "--src",
-            str(src),
-            *self.args(),
-            *extra,
-        ]
+        cmd = self.installer_argv(action, src, *extra)
         return subprocess.run(
             cmd, capture_output=True, text=True, timeout=300, env={"PATH": os.environ["PATH"]}
         )
@@ -158,6 +155,8 @@ def test_install_switches_one_symlink_and_uninstall_removes_everything(node: Nod
     assert not node.libexec.exists() and not node.state.exists()
     assert list(node.hooks.iterdir()) == []
     assert (node.etc / "config.yaml").exists()  # the operator's settings stay (--purge removes them)
+    again = _ok(node.installer("uninstall", tree))  # issue 22, item 5: nothing installed says so
+    assert "nothing to remove" in again and "not installed" in again and "removed" not in again
 
 
 @needs_python
@@ -655,3 +654,28 @@ def test_engine_restarts_only_when_asked(node: Node, tree: Path) -> None:
     assert calls.read_text() == "restart containerd\n"
     assert "restarted containerd" in run("install", "--restart-engine")
     assert calls.read_text() == "restart containerd\n" * 2
+
+
+@needs_python
+def test_a_failed_byte_compile_names_the_file_and_the_error(node: Node, tree: Path, tmp_path: Path) -> None:
+    """Issue 22, item 5: the step, the file and compileall's error, not a bare last line."""
+    broken = tmp_path / "broken-tree"
+    shutil.copytree(tree, broken, symlinks=True)
+    (broken / "usr/libexec/oci-device-hook/lib/hook/broken_mod.py").write_text("def broken(:\n")
+    proc = node.installer("install", broken, "--engine", "hooks.d")
+    assert proc.returncode == 1
+    (line,) = proc.stderr.splitlines()
+    assert "cannot byte-compile version" in line and "broken_mod.py" in line and "SyntaxError" in line, line
+    assert not node.libexec.exists() or not (node.libexec / "current").exists()
+
+
+@needs_python
+def test_install_needs_no_writable_dev_shm(node: Node, tree: Path) -> None:
+    """``compileall -j 0`` needs multiprocessing's semaphores in /dev/shm; a node's chroot may lack it."""
+    script = 'mount -t tmpfs -o ro tmpfs /dev/shm && exec "$@"'
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
+    proc = subprocess.run(
+        [*cmd, *node.installer_argv("install", tree, "--engine", "hooks.d")],
+        capture_output=True, text=True, timeout=300, env={"PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

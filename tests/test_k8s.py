@@ -22,6 +22,7 @@ from tests.bundles import (
     simulate,
     write_bundle,
 )
+from tests.dra_shapes import claim, device, dra_state
 from tests.hosttree import CAPS_MAJOR, make_host_tree
 from tests.k8s_shapes import (
     CONTAINER,
@@ -189,6 +190,21 @@ def test_trusted_namespace_sees_every_gpu(tmp_path: Path, node: dict[str, Path],
 
 
 @pytest.mark.parametrize(
+    "namespace", ["kube-system-evil", "kube", "gpu-operator2", "Kube-System", "kube-system "]
+)
+def test_trusted_namespaces_match_exactly_not_by_prefix(
+    namespace: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """Issue 21, item 11: ``kube-system-evil`` is not ``kube-system`` (a prefix-matching mutant survived)."""
+    cfg = pod_config("crio", namespace=namespace, cri_env=["NVIDIA_VISIBLE_DEVICES=all"])
+    rep = run(tmp_path, node, cfg, capsys)
+    assert (rep["verdict"], rep["cgroup"], rep["evidence"]) == ("none", [], [])
+    assert rep["kubernetes"]["trusted_namespace"] is False
+    exact = run(tmp_path, node, cfg, capsys, env_trusted_namespaces=[namespace])
+    assert exact["kubernetes"]["trusted_namespace"] is True and allowed(exact) >= ALL_GPU_KEYS
+
+
+@pytest.mark.parametrize(
     ("ckpt", "state"),
     [
         pytest.param(None, "absent", id="absent"),
@@ -263,6 +279,54 @@ def test_allocated_gpu2_by_each_strategy_opens_gpu2_only(
         gpu_path(2)
     ]
     assert rep["kubernetes"]["allocation"] == ["nvidia.com/gpu"]
+
+
+# --- issue 21, item 10: a /dev/null volume mount needs the kubelet's word too ---------------------------
+
+
+def _mount_of(index: int) -> dict[str, Any]:
+    return null_mount(f"{MOUNT_ROOT}/{GPUS[index].uuid}")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_volume_mount_the_allocation_does_not_carry_is_no_request(
+    engine: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """The checkpoint was read and allocated this container nothing: a hostPath /dev/null mount
+    under the volume-mount root is something any pod allowed that volume can write."""
+    cfg = pod_config(engine, mounts=[_mount_of(2)])
+    rep = run(tmp_path, node, cfg, capsys)
+    assert (rep["verdict"], rep["requests"], allowed(rep) & ALL_GPU_KEYS) == ("none", [], set())
+    assert rep["kubernetes"]["checkpoint_state"] == "read"
+    ignored = f"{MOUNT_ROOT}/{UUID2}: /dev/null volume mount ignored"
+    assert any(w.startswith(ignored) for w in rep["warnings"])
+    assert rep["reason"].startswith("no device requested: ")
+    assert f"mount {MOUNT_ROOT}/{UUID2}" in rep["reason"]
+
+
+def test_only_the_mounts_the_allocation_carries_count(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    resp, plugin_env, mounts, _ = strategy("volume-mounts")
+    cfg = pod_config(cri_env=plugin_env, mounts=[*mounts, _mount_of(3)])  # GPU 3: the pod's own addition
+    rep = run(tmp_path, node, cfg, capsys, ckpt=checkpoint([gpu_entry(resp)]))
+    assert allowed(rep) & ALL_GPU_KEYS == {gpu_key(2)}
+    ignored = f"{MOUNT_ROOT}/{GPUS[3].uuid}: /dev/null volume mount ignored"
+    assert any(w.startswith(ignored) for w in rep["warnings"])
+
+
+@pytest.mark.parametrize(("ckpt", "state"), [(None, "absent"), (b"{oops", "corrupt")])
+def test_a_volume_mount_counts_as_before_when_the_checkpoint_cannot_answer(
+    ckpt: bytes | None, state: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    rep = run(tmp_path, node, pod_config(mounts=[_mount_of(2)]), capsys, ckpt=ckpt)
+    assert allowed(rep) & ALL_GPU_KEYS == {gpu_key(2)}
+    path = tmp_path / "kubelet_internal_checkpoint"
+    said = f"counted without the kubelet's word: its checkpoint {path} is {state}"
+    assert any(
+        w.startswith(f"{MOUNT_ROOT}/{UUID2}: /dev/null volume mount(s) of pod ml/") and w.endswith(said)
+        for w in rep["warnings"]
+    ), rep["warnings"]
 
 
 def test_pod_spec_env_all_after_the_plugins_does_not_widen(
@@ -479,8 +543,8 @@ def test_a_pod_with_dra_claims_is_not_bounded_by_the_device_plugin_checkpoint(
     settings = {"kubelet_checkpoint": str(ckpt_dir / "kubelet_internal_checkpoint")}
     bounded = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
     assert denied(bounded) == ALL_GPU_KEYS | MIG_CAPS  # without DRA state: an over-grant
-    (tmp_path / "kubelet" / "dra_manager_state").write_text(
-        json.dumps({"Data": json.dumps({"ClaimInfoStateList": [{"PodUIDs": {POD_UID: {}}}]}), "Checksum": 1})
+    (tmp_path / "kubelet" / "dra_manager_state").write_bytes(
+        dra_state([claim("c-1", "gpu", [POD_UID], [device(["k8s.gpu.nvidia.com/claim=c-1-gpu-3"])])])
     )
     rep = run(tmp_path, node, cfg, capsys, ckpt=None, **settings)
     assert (rep["verdict"], denied(rep)) == ("none", set())

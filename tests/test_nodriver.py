@@ -54,6 +54,12 @@ def test_unbacked_requests_start_without_a_gpu(
     assert "libnvidia-ml" not in err + str(report)
     if name not in ("void", "mig-monitor"):  # MIG management without a GPU is ignored anyway
         assert any("no NVIDIA driver on this node" in w for w in report["warnings"])
+    if name not in ("void", "mig-monitor", "all-privileged-unbacked"):  # the last: privileged, left alone
+        # issue 22, item 5: the reason says what happened, not "already has exactly what it asked for"
+        assert report["reason"].startswith("no NVIDIA driver on this node: the container starts without"), (
+            report["reason"]
+        )
+        assert "env:NVIDIA_VISIBLE_DEVICES=" in report["reason"]
 
 
 FAILS = {

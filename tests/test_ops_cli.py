@@ -322,3 +322,58 @@ def test_logrotate_snippet_names_the_default_log() -> None:
         subprocess.run(
             ["logrotate", "-d", str(REPO / "packaging/logrotate")], check=True, capture_output=True
         )
+
+
+def test_hook_log_counts_and_skips_records_of_the_wrong_shape(tmp_path: Path) -> None:
+    """Issue 21, item 8: one record with a non-string verdict (or a non-list denied) hid every line."""
+    log = tmp_path / "hook.log"
+    good = _rec("2030-01-01T00:00:00.000Z", "apply", "n", "good", ["/dev/nvidia1"])
+    odd = [{"time": "2030-01-01T00:00:01.000Z", "verdict": ["apply"]},
+           {"time": "2030-01-01T00:00:02.000Z", "verdict": "apply", "denied": 5},
+           {"time": 7, "verdict": "none"}, {"reason": "no verdict"}]  # fmt: skip
+    log.write_text(good + "".join(json.dumps(o) + "\n" for o in odd))
+    for args in ([], ["--narrowed"], ["--verdict", "apply"], ["--since", "2000-01-01"]):
+        res = hook_cli("log", "--file", str(log), *args)
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+        lines = res.stdout.splitlines()
+        assert "n/good/c" in lines[0] and lines[1:] == ["(4 line(s) were not log records and were skipped)"]
+
+
+def test_hook_log_text_shows_warnings_and_filters_on_them(tmp_path: Path) -> None:
+    """Issue 22, item 5: a record's warnings are part of the text, and ``--warnings`` finds them."""
+    log = tmp_path / "hook.log"
+    warned = json.loads(_rec("2030-01-01T00:00:00.000Z", "none", "n", "warned"))
+    warned["warnings"] = ["NVIDIA_VISIBLE_DEVICES=all ignored: no \x1b[31mGPU"]
+    log.write_text(json.dumps(warned) + "\n" + _rec("2030-01-01T00:00:01.000Z", "none", "n", "quiet"))
+    res = hook_cli("log", "--file", str(log))
+    lines = res.stdout.splitlines()
+    assert "n/warned/c" in lines[0] and "n/quiet/c" in lines[2]
+    assert lines[1] == "    warning: NVIDIA_VISIBLE_DEVICES=all ignored: no \\x1b[31mGPU"  # escaped
+    res = hook_cli("log", "--file", str(log), "--warnings")
+    assert [ln for ln in res.stdout.splitlines() if not ln.startswith("    ")] == [lines[0]]
+
+
+def test_hook_log_on_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    """Issue 22, item 5: ``--file`` names a file; a typo there must not read as "nothing happened"."""
+    res = hook_cli("log", "--file", str(tmp_path / "nope.log"))
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr == f"hook: {tmp_path / 'nope.log'}: no such log file (nor rotated copies of it)\n"
+    res = hook_cli("log", "--config", str(settings_file(tmp_path)))  # the settings' log, not yet written
+    assert res.returncode == 0
+    assert res.stdout == f"no matching log records ({tmp_path / 'hook.log'} does not exist yet)\n"
+
+
+def test_a_missing_inventory_file_is_an_error(tmp_path: Path) -> None:
+    """Issue 22, item 5: ``--inventory`` names a file; a typo there passed for "a driver is here"."""
+    missing = tmp_path / "inventory.json"
+    bundle = REPO / "examples" / "slice-privileged"
+    cdi = str(REPO / "examples" / "node" / "cdi")
+    res = hook_cli("--bundle", str(bundle), "--inventory", str(missing), "--cdi-spec-dir", cdi)
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr == f"hook: {missing}: no such file (--inventory)\n"
+    live = _live(tmp_path, state(bundle), "prestart", "--inventory", str(missing), "--config",
+                 str(settings_file(tmp_path)), "--cdi-spec-dir", cdi)  # fmt: skip
+    assert live.returncode == 1
+    assert live.stderr.decode() == f"oci-device-hook: {missing}: no such file (--inventory)\n"
+    record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])  # the settings' log
+    assert record["verdict"] == "error" and str(missing) in record["error"]

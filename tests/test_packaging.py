@@ -84,7 +84,7 @@ def test_default_config_has_every_key_commented_out() -> None:
     keys = {m.group(1) for m in re.finditer(r"^#([a-z_]+):", text, re.M)}
     expected = {
         "privileged_allocation", "cdi_annotation_prefixes", "volume_mount_root", "kubelet_checkpoint",
-        "corroborating_env", "accelerator_nodes", "cdi_kinds", "env_requests",
+        "kubelet_dra_state", "corroborating_env", "accelerator_nodes", "cdi_kinds", "env_requests",
         "env_trusted_namespaces", "gpu_resources",
         "mig_management", "cap_access", "log_file", "log_max_bytes", "cache_dir",
         "runtime", "driver_root", "cdi_spec_dirs",

@@ -35,8 +35,12 @@ def node(tmp_path: Path) -> dict[str, Any]:
     return {"root": root, "settings": settings, "args": [*args, "--config", str(settings)], "tmp": tmp_path}
 
 
-# The hook writes its fast-path cache under /run/oci-device-hook: each run gets a private tmpfs /run.
-PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+# The hook writes its fast-path cache under /run/oci-device-hook, and a line it cannot put in the
+# settings' log goes to the default /var/log/oci-device-hook.log: each run gets a private tmpfs over both.
+PRIVATE_RUN = (
+    'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && mount -t tmpfs tmpfs /var/log'
+    ' && exec "$@"'
+)
 IN_NS = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh"]
 
 
@@ -87,7 +91,7 @@ def test_slice_pod_becomes_an_allow_list_with_only_its_card(node: dict[str, Any]
     assert not any(access_of(rules, C, CAPS_MAJOR, m) for m in range(300))
     assert access_of(rules, C, 1, 3) == Access.RWM  # /dev/null and every other major stay
     assert access_of(rules, DeviceType.BLOCK, 8, 0) == Access.RWM
-    assert out["annotations"][ANNOTATION].startswith("v1:")
+    assert out["annotations"][ANNOTATION].startswith("v2:")
     record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
     assert (record["verdict"], record["stage"]) == ("apply", "precreate")
 
@@ -100,7 +104,7 @@ def test_decided_config_goes_through_again_unchanged(node: dict[str, Any]) -> No
 
 def test_a_forged_marker_never_skips_the_decision(node: dict[str, Any]) -> None:
     cfg = json.loads(example("slice-privileged"))
-    cfg["annotations"][ANNOTATION] = "v1:" + "0" * 64
+    cfg["annotations"][ANNOTATION] = "v2:" + "0" * 64
     res = precreate(node, json.dumps(cfg).encode())
     out = json.loads(res.stdout)
     assert nvidia_paths(out) == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1", "/dev/nvidiactl"]
@@ -138,12 +142,16 @@ def test_reject_policy_denies_with_one_line(node: dict[str, Any], tmp_path: Path
 
 
 def test_broken_settings_fail_a_device_container_but_not_a_plain_one(node: dict[str, Any]) -> None:
-    node["settings"].write_text("privileged_allocation: [\n")
+    """The error line goes to the log the broken file still names (issue 21, item 8), never the default."""
+    node["settings"].write_text(f"log_file: {node['tmp'] / 'hook.log'}\nprivileged_allocation: [\n")
     plain = precreate(node, example("cpu"))
     assert (plain.returncode, plain.stdout) == (0, example("cpu"))
     dev = precreate(node, example("slice-privileged"))
     assert dev.returncode == 1 and dev.stdout == b""
     assert str(node["settings"]) in dev.stderr.decode()
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert (record["verdict"], record["stage"]) == ("error", "precreate")
+    assert str(node["settings"]) in record["error"]
 
 
 def test_settings_give_driver_root_and_spec_dirs(tmp_path: Path, node: dict[str, Any]) -> None:
@@ -156,13 +164,13 @@ def test_settings_give_driver_root_and_spec_dirs(tmp_path: Path, node: dict[str,
 
 
 def test_no_usable_key_means_no_marker(node: dict[str, Any]) -> None:
-    cache = node["tmp"] / "cache"
-    cache.mkdir(mode=0o700)
-    (cache / KEY_NAME).write_bytes(b"k" * 32)
-    (cache / KEY_NAME).chmod(0o644)  # readable by others: proves nothing
+    real = node["tmp"] / "real-cache"
+    real.mkdir(mode=0o700)
+    (node["tmp"] / "cache").symlink_to(real)  # a symlinked key directory is never followed
     res = precreate(node, example("slice-privileged"))
     assert res.returncode == 0
     assert ANNOTATION not in json.loads(res.stdout)["annotations"]
+    assert not (real / KEY_NAME).exists()
 
 
 def test_key_is_root_only_and_refused_through_a_symlink(tmp_path: Path) -> None:
@@ -284,3 +292,157 @@ def test_grants_add_the_node_and_its_allow_rule_without_an_allow_list(node: dict
          "fileMode": 0o444, "uid": 0, "gid": 0}
     ]  # fmt: skip
     assert ANNOTATION in out["annotations"]
+
+
+# --- issue 21, item 7: the marker binds what decided; a bad key file is replaced ---------------------
+
+
+def _k8s_pod(tmp_path: Path, uuid: str) -> bytes:
+    """The slice pod (privileged, every card) whose checkpoint allocated it ``uuid``."""
+    from tests.bundles import POD_ANNOTATIONS, checkpoint, checkpoint_entry, config, gpu_nodes
+
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_bytes(checkpoint([checkpoint_entry("nvidia.com/gpu", [uuid])]))
+    settings_file(tmp_path, kubelet_checkpoint=str(ckpt))
+    cfg = config(privileged=True, devices=gpu_nodes(), annotations=dict(POD_ANNOTATIONS))
+    return json.dumps(cfg).encode()
+
+
+def _other_pod(decided: bytes) -> bytes:
+    """The decided config, marker and all, replayed under another pod's identity."""
+    from tests.bundles import POD_UID
+
+    cfg = json.loads(decided)
+    cfg["annotations"] = {k: ("0ther-pod" if v == POD_UID else v) for k, v in cfg["annotations"].items()}
+    return json.dumps(cfg).encode()
+
+
+def test_a_marker_replayed_into_another_pod_is_stale(node: dict[str, Any], tmp_path: Path) -> None:
+    """Same nodes and rules, another pod (the checkpoint allocated it nothing): precreate and
+    prestart decide again, and that pod loses the card the marker's pod was allocated."""
+    from tests.bundles import SLICE_UUID
+
+    decided = precreate(node, _k8s_pod(tmp_path, SLICE_UUID)).stdout
+    assert "/dev/nvidia1" in nvidia_paths(json.loads(decided))
+    assert precreate(node, decided).stdout == decided  # its own pod: the marker holds
+    replayed = _other_pod(decided)
+    res = precreate(node, replayed)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout != replayed
+    assert "/dev/nvidia1" not in nvidia_paths(json.loads(res.stdout))
+    bundle = node["tmp"] / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_bytes(replayed)
+    _prestart(node, bundle)
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert record["verdict"] != "none" and "precreate" not in str(record.get("reason")), record
+
+
+def test_a_marker_is_stale_once_the_checkpoint_or_the_settings_change(
+    node: dict[str, Any], tmp_path: Path
+) -> None:
+    from tests.bundles import CARD0_UUID, SLICE_UUID, checkpoint, checkpoint_entry
+
+    decided = precreate(node, _k8s_pod(tmp_path, SLICE_UUID)).stdout
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_bytes(checkpoint([checkpoint_entry("nvidia.com/gpu", [CARD0_UUID])]))
+    moved = precreate(node, decided)
+    assert moved.returncode == 0 and moved.stdout != decided
+    ckpt.write_bytes(checkpoint([checkpoint_entry("nvidia.com/gpu", [SLICE_UUID])]))
+    assert precreate(node, decided).stdout == decided  # the same evidence again
+    settings_file(tmp_path, kubelet_checkpoint=str(ckpt), cap_access="rw")
+    bundle = node["tmp"] / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_bytes(decided)
+    _prestart(node, bundle)  # other settings: the marker no longer holds, the hook decides again
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert "precreate" not in str(record.get("reason")), record
+
+
+def _bad_key(cache: Path, kind: str, tmp_path: Path) -> Path | None:
+    """A key file that cannot be one; returns the file a symlink points at (which must survive)."""
+    path = cache / KEY_NAME
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind in ("short", "long"):
+        path.write_bytes(b"k" * (31 if kind == "short" else 33))
+    elif kind == "mode":
+        path.write_bytes(b"k" * 32)
+    elif kind == "directory":
+        path.mkdir()
+        return None
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        target = tmp_path / "elsewhere.key"
+        target.write_bytes(b"t" * 32)
+        target.chmod(0o600)
+        path.symlink_to(target)
+        return target
+    path.chmod(0o644 if kind == "mode" else 0o600)
+    return None
+
+
+@pytest.mark.parametrize("kind", ["empty", "short", "long", "mode", "symlink", "fifo"])
+def test_a_bad_key_file_is_replaced_not_left_to_disable_markers(kind: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    target = _bad_key(cache, kind, tmp_path)
+    assert load_key(cache, create=False) is None  # prestart never trusts it...
+    key = load_key(cache, create=True)  # ...and precreate replaces it
+    assert key is not None and len(key) == 32
+    st = os.lstat(cache / KEY_NAME)
+    assert st.st_mode & 0o777 == 0o600 and os.path.isfile(cache / KEY_NAME)
+    assert not os.path.islink(cache / KEY_NAME)
+    assert load_key(cache, create=False) == key == load_key(cache, create=True)
+    if target is not None:  # the symlink itself was replaced, never written through
+        assert target.read_bytes() == b"t" * 32
+    assert sorted(p.name for p in cache.iterdir()) == [KEY_NAME]  # no temporary left
+
+
+def test_a_key_name_taken_by_a_directory_means_no_key(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    _bad_key(cache, "directory", tmp_path)
+    assert load_key(cache, create=True) is None
+    assert sorted(p.name for p in cache.iterdir()) == [KEY_NAME]
+
+
+def test_precreate_signs_again_after_a_bad_key(node: dict[str, Any]) -> None:
+    cache = node["tmp"] / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / KEY_NAME).write_bytes(b"")
+    res = precreate(node, example("slice-privileged"))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["annotations"][ANNOTATION].startswith("v2:")
+    assert precreate(node, res.stdout).stdout == res.stdout
+
+
+@pytest.mark.parametrize("mode", [0o720, 0o702, 0o770, 0o777, 0o1777])
+def test_a_key_directory_others_may_write_is_never_trusted(mode: int, tmp_path: Path) -> None:
+    """Issue 21, item 11: ``marker._safe_dir`` (another user could swap the key in such a directory)."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    key = load_key(cache, create=True)
+    assert key is not None and load_key(cache, create=False) == key
+    cache.chmod(mode)
+    assert load_key(cache, create=False) is None
+    assert load_key(cache, create=True) is None
+
+
+@pytest.mark.parametrize("name", ["cpu", "slice-privileged"], ids=["fast-path", "decided"])
+def test_a_full_disk_under_the_output_is_one_line(name: str, node: dict[str, Any]) -> None:
+    """Issue 21, item 8: ENOSPC while the config goes out (stdout on /dev/full) is one line, exit 1."""
+    with open("/dev/full", "wb") as full:
+        res = subprocess.run(
+            [*IN_NS, *_hook_exe(), "precreate", *node["args"]],
+            input=example(name),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    lines = res.stderr.decode().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0] == (
+        "oci-device-hook: stdout: cannot write the config for the runtime: No space left on device"
+    )

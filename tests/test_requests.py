@@ -236,6 +236,18 @@ def test_env_ignored_when_unprivileged_and_not_accepted() -> None:
             id="monitor",
         ),
         pytest.param(["NVIDIA_MIG_MONITOR_DEVICES="], [], id="empty"),
+        # issue 21, item 9: empty items are skipped, as libnvidia-container does
+        pytest.param(
+            ["NVIDIA_MIG_MONITOR_DEVICES=,all"],
+            [("env:NVIDIA_MIG_MONITOR_DEVICES", "mig-monitor")],
+            id=",all",
+        ),
+        pytest.param(
+            ["NVIDIA_MIG_CONFIG_DEVICES= all, ,"],
+            [("env:NVIDIA_MIG_CONFIG_DEVICES", "mig-config")],
+            id="all,,",
+        ),
+        pytest.param(["NVIDIA_MIG_MONITOR_DEVICES=, ,"], [], id="only-commas"),
     ],
 )
 def test_mig_management_env(env: list[str], expected: list[tuple[str, str]]) -> None:

@@ -28,6 +28,8 @@ __all__ = [
     "go_clean",
     "cgroup_access",
     "apply_to_config",
+    "node_entry",
+    "mount_entry",
     "to_nodes_and_rules",
     "with_nodes",
 ]
@@ -211,21 +213,34 @@ def _apply_env(config: dict[str, Any], env: tuple[str, ...]) -> None:
             current.append(entry)
 
 
+def node_entry(config: dict[str, Any], node: CdiDeviceNode) -> dict[str, Any]:
+    """The ``linux.devices`` entry applying ``node`` writes (uid/gid default to the process user's)."""
+    process = config.get("process")
+    user = process.get("user") if isinstance(process, dict) else None
+    user = user if isinstance(user, dict) else {}
+    uid = node.uid if node.uid is not None else (user.get("uid") or None)
+    gid = node.gid if node.gid is not None else (user.get("gid") or None)
+    entry = {"path": node.path, "type": node.type, "major": node.major, "minor": node.minor,
+             "fileMode": node.file_mode, "uid": uid, "gid": gid}
+    return {k: v for k, v in entry.items() if v is not None}
+
+
 def _apply_device_nodes(config: dict[str, Any], nodes: tuple[CdiDeviceNode, ...]) -> None:
+    """The reference's ``RemoveDevice`` (the first same-path entry) then ``AddDevice`` (replace the
+    next same-path entry in place, else append)."""
     if not nodes:
         return
     linux = _section(config, "linux")
-    user = config.get("process", {}).get("user") if isinstance(config.get("process"), dict) else None
-    user = user if isinstance(user, dict) else {}
     for node in nodes:
-        uid = node.uid if node.uid is not None else (user.get("uid") or None)
-        gid = node.gid if node.gid is not None else (user.get("gid") or None)
-        entry = {"path": node.path, "type": node.type, "major": node.major, "minor": node.minor,
-                 "fileMode": node.file_mode, "uid": uid, "gid": gid}
-        entry = {k: v for k, v in entry.items() if v is not None}
-        devices = [d for d in _list(linux, "devices")
-                   if not (isinstance(d, dict) and d.get("path") == node.path)]
-        devices.append(entry)
+        entry = node_entry(config, node)
+        devices = list(_list(linux, "devices"))
+        same = [i for i, d in enumerate(devices) if isinstance(d, dict) and d.get("path") == node.path]
+        if same:
+            del devices[same[0]]  # RemoveDevice: the first entry at the path
+        if len(same) > 1:
+            devices[same[1] - 1] = entry  # AddDevice: a second one is replaced in place
+        else:
+            devices.append(entry)
         linux["devices"] = devices
         if node.type in ("b", "c"):
             rule = {"allow": True, "type": node.type, "major": node.major, "minor": node.minor,
@@ -248,24 +263,28 @@ def _has_userns(config: dict[str, Any]) -> bool:
     return any(isinstance(ns, dict) and ns.get("type") == "user" for ns in namespaces)
 
 
+def mount_entry(config: dict[str, Any], m: Mount) -> dict[str, Any]:
+    """The ``mounts`` entry applying ``m`` writes (with a user namespace, bind mounts id-mapped)."""
+    entry = _mount_oci(m)
+    options = entry.get("options", [])
+    if _has_userns(config) and not ({"idmap", "ridmap"} & set(options)):
+        if "rbind" in options:  # recursive bind: the recursive id-mapping, never plain idmap
+            entry["options"] = [*options, "ridmap"]
+        elif m.type == "bind" or "bind" in options:
+            entry["options"] = [*options, "idmap"]
+    return entry
+
+
 def _apply_mounts(config: dict[str, Any], mounts: tuple[Mount, ...]) -> None:
     if not mounts:
         return
     current = _list(config, "mounts")
-    userns = _has_userns(config)
     for m in mounts:
         for i, old in enumerate(current):
             if isinstance(old, dict) and old.get("destination") == m.container_path:
                 del current[i]
                 break
-        entry = _mount_oci(m)
-        options = entry.get("options", [])
-        if userns and not ({"idmap", "ridmap"} & set(options)):
-            if "rbind" in options:  # recursive bind: the recursive id-mapping, never plain idmap
-                entry["options"] = [*options, "ridmap"]
-            elif m.type == "bind" or "bind" in options:
-                entry["options"] = [*options, "idmap"]
-        current.append(entry)
+        current.append(mount_entry(config, m))
     current.sort(key=lambda mt: go_clean(str(mt.get("destination", ""))).count("/"))
 
 

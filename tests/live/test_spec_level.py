@@ -146,16 +146,19 @@ def _in_fake_dev(world: dict[str, Path], cmd: list[str]) -> subprocess.Completed
     )  # fmt: skip
 
 
-def _podman(world: dict[str, Path], hooks: Path, args: list[str], probes: list[str]) -> dict[str, str]:
+def _podman_cmd(world: dict[str, Path], hooks: Path, args: list[str], probes: list[str]) -> list[str]:
     base = world["base"]
-    podman = [
+    return [
         "podman", "--runtime", "runc", "--root", str(base / "storage"), "--runroot", str(base / "run"),
         "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
         "--hooks-dir", str(hooks), "run", "--rm", "--network", "none",
         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", *args,
         "--rootfs", str(world["rootfs"]), *probe_args(probes),
     ]  # fmt: skip
-    proc = _in_fake_dev(world, podman)
+
+
+def _podman(world: dict[str, Path], hooks: Path, args: list[str], probes: list[str]) -> dict[str, str]:
+    proc = _in_fake_dev(world, _podman_cmd(world, hooks, args, probes))
     assert proc.returncode == 0, f"podman exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return parse_probe(proc.stdout)
 
@@ -187,6 +190,33 @@ def test_podman_precreate_narrows_the_slice_pod(world: dict[str, Path]) -> None:
         "allow": False, "type": "a", "major": None, "minor": None, "access": "rwm"
     }  # fmt: skip
     assert all(r["allow"] for r in decided["linux"]["resources"]["devices"][1:])
+
+
+@needs_podman
+def test_a_precreate_refusal_shows_as_an_exit_status_in_podman_and_its_reason_in_the_log(
+    world: dict[str, Path],
+) -> None:
+    """Issue 22, item 5 (docs/operators.md, "Spec level"): podman runs a precreate hook with no
+    stderr (containers/common ``pkg/hooks/exec`` ``RuntimeConfigFilter`` passes nil), so its
+    error is only "exit status 3"; the reason is the hook's log line, which ``hook log`` shows."""
+    settings = world["settings"]
+    original = settings.read_text()
+    settings.write_text(original + "privileged_allocation: reject\n")
+    try:
+        args = ["--privileged", *(f"--env={e}" for e in SLICE_ENV)]
+        proc = _in_fake_dev(world, _podman_cmd(world, _hooks_dir(world), args, SLICE_PROBES))
+        shown = subprocess.run(
+            [*_hook_exe().split(), "log", "--config", str(settings), "--verdict", "deny", "--since", "10m"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        settings.write_text(original)
+    assert proc.returncode != 0 and "exit status 3" in proc.stderr, proc.stderr
+    assert "policy: reject" not in proc.stderr  # podman never shows the hook's own line...
+    last = json.loads((world["base"] / "hook.log").read_text().splitlines()[-1])
+    assert (last["verdict"], last["stage"]) == ("deny", "precreate")
+    assert last["reason"].endswith("(policy: reject)")
+    assert shown.returncode == 0 and last["reason"] in shown.stdout  # ...`hook log` does
 
 
 @needs_podman
