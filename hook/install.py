@@ -668,6 +668,9 @@ def _unregister_file(node: Node, entry: dict[str, Any]) -> bool:
 def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
+    if rec.get("registered_only"):  # the files are dpkg's: only the engine step is ours to undo
+        why = "registered by `installer register`: `installer unregister` undoes it"
+        raise InstallError(opts.state_dir, RECORD, why)
     hooks_file = node.path(f"{opts.hooks_dir}/{engines.HOOKS_NAME}", follow=False)
     if not rec and not node.path(opts.libexec).exists() and not hooks_file.exists():
         _say(f"nothing to remove under {node.root}: not installed (no {opts.state_dir}/{RECORD}, "

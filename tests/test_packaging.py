@@ -373,6 +373,7 @@ def test_deb_registers_containerd_with_the_installers_engine_step(deb: Path, tmp
         table = plugins.get("io.containerd.grpc.v1.cri") or plugins["io.containerd.cri.v1.runtime"]
         runc = table["containerd"]["runtimes"]["runc"]
         assert runc["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/runtime"
+    assert "installer unregister" in run("uninstall").stderr  # dpkg's files are not the installer's
     undone = run("unregister")
     assert undone.returncode == 0, undone.stderr
     assert cfg.read_text() == DEB_NODE_CONTAINERD
