@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bundles, cdi_resolve, hosts, linearity
+from bench.decider import decider_rows
 from bench.rows import Row
 from bench.timing import Sample, paired, timed_process
 from bench.wrapper import wrapper_rows
@@ -569,11 +570,21 @@ def main(argv: list[str] | None = None) -> int:
             with cgroup2():
                 b.slice_rows(2)
 
+        def decider(version: int) -> None:
+            rows, checks = decider_rows(b, version)
+            b.add_all(rows)
+            b.checks.extend(checks)
+
+        def decider_v2() -> None:
+            with cgroup2():
+                decider(2)
+
         steps = {"nodev": b.nodev_rows, "slice": lambda: b.slice_rows(1), "slice-v2": v2,
                  "scale": b.scale_rows, "parallel": b.parallel_rows, "wrapper": b.wrapper_rows,
                  "wrapper-run": lambda: b.add_all(wrapper_rows(b, RUNC)),
                  "linear": b.linear_checks, "alone": b.hook_alone_rows, "cdi": b.cdi_rows,
-                 "rss": b.rss_measure, "nvml": b.nvml_checks}
+                 "rss": b.rss_measure, "nvml": b.nvml_checks,
+                 "decider": lambda: decider(1), "decider-v2": decider_v2}
         only = args.only.split(",") if args.only else list(steps)
         for name in only:
             s = time.perf_counter()

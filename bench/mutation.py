@@ -46,6 +46,7 @@ HAND = REPO / "bench" / "mutants.tsv"
 CLAIMS = REPO / "bench" / "equivalent.tsv"
 DOC = REPO / "docs" / "testing.md"
 BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
+Claims = dict[tuple[str, int, str, str], str]  # (module, occurrence, line, new) -> reason
 CANARY = Mutant("canary", "hook/__main__.py", 1, "run()", "raise SystemExit(97)", "canary")
 NOT_DEB = ["-m", "not installs_package"]
 
@@ -175,7 +176,7 @@ def _group(module: str) -> str:
     return "hook/apply/*" if module.startswith("hook/apply/") else module
 
 
-def report(results: Sequence[Result], header: Sequence[str], claims: dict[tuple[str, str, str], str]) -> str:
+def report(results: Sequence[Result], header: Sequence[str], claims: Claims) -> str:
     counted = [
         r for r in results if r.status in ("killed", "survived", "timeout") and r.mutant.origin != "canary"
     ]
@@ -183,19 +184,26 @@ def report(results: Sequence[Result], header: Sequence[str], claims: dict[tuple[
     for r in counted:
         groups.setdefault(_group(r.mutant.module), []).append(r)
 
+    def claimed(r: Result) -> bool:
+        m = r.mutant
+        return r.status == "survived" and (m.module, m.occurrence, m.line, m.new) in claims
+
     def row(name: str, rs: Sequence[Result], safety: bool = False) -> str:
         k = sum(r.status == "killed" for r in rs)
         t = sum(r.status == "timeout" for r in rs)
         s = len(rs) - k - t
+        e = sum(claimed(r) for r in rs)
         pct = f"{100 * k / len(rs):.1f} %" if rs else "-"
-        return f"| {name} | {'yes' if safety else ''} | {len(rs)} | {k} | {t} | {s} | {pct} |"
+        net = f"{100 * k / (len(rs) - e):.1f} %" if len(rs) > e else "-"
+        return f"| {name} | {'yes' if safety else ''} | {len(rs)} | {k} | {t} | {s} | {e} | {pct} | {net} |"
 
     lines = [
         BEGIN,
         *header,
         "",
-        "| module | safety | mutants | killed | timeout | survived | killed/mutants |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| module | safety | mutants | killed | timeout | survived | of them claimed equivalent "
+        "| killed/mutants | killed/(mutants - claimed) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     names = sorted(groups, key=lambda g: (not is_safety(g.rstrip("*")), g))
     lines += [row(f"`{g}`", groups[g], is_safety(g.rstrip("*"))) for g in names]
@@ -205,7 +213,7 @@ def report(results: Sequence[Result], header: Sequence[str], claims: dict[tuple[
     lines += ["", f"Survivors ({len(surv)}; each survived the whole suite unless marked):", ""]
     for r in surv:
         m = r.mutant
-        claim = claims.get((m.module, m.line, m.new))
+        claim = claims.get((m.module, m.occurrence, m.line, m.new))
         note = f" — claimed equivalent: {claim}" if claim else ""
         unconfirmed = "" if "full" in r.how else " (subset only, not re-run on the whole suite)"
         lines.append(
@@ -235,13 +243,13 @@ def write_doc(text: str) -> None:
     DOC.write_text(head + text + rest.split(END, 1)[1])
 
 
-def read_claims() -> dict[tuple[str, str, str], str]:
+def read_claims() -> Claims:
     out = {}
     if CLAIMS.exists():
         for raw in CLAIMS.read_text().splitlines():
             if raw.strip() and not raw.startswith("#"):
-                module, _occ, line, new, reason = raw.split("\t")[:5]
-                out[(module, line, new)] = reason
+                module, occ, line, new, reason = raw.split("\t")[:5]
+                out[(module, int(occ), line, new)] = reason
     return out
 
 
@@ -264,6 +272,19 @@ def _write_log(path: Path, r: Result) -> None:
         )
 
 
+def read_log(path: Path) -> list[Result]:
+    """A results log back as results; a later line for the same mutant (its whole-suite re-run)
+    replaces the earlier one."""
+    out: dict[str, Result] = {}
+    for raw in path.read_text().splitlines():
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        f = raw.split("\t")
+        m = Mutant(f[0], f[1], int(f[2]), f[3], f[4], f[5])
+        out[m.ident] = Result(m, f[6], float(f[7]), int(f[8]), f[11] if len(f) > 11 else "", int(f[10]), f[9])
+    return list(out.values())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/mutate", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seed", type=int, help="sample seed (default: a fresh one, printed)")
@@ -284,11 +305,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--confirm-minutes", type=float, default=1e9, help="time for re-running survivors")
     ap.add_argument("--workdir", type=Path, help="keep the copy, venv and coverage here (reused if present)")
     ap.add_argument("--log", type=Path, help="one TSV line per result (default: <workdir>/results.tsv)")
+    ap.add_argument("--report", type=Path, metavar="LOG", help="re-render the report of a results log")
+    ap.add_argument("--header", default="", help="with --report: the run's description line")
     ap.add_argument(
         "--no-doc", action="store_true", help="print the report instead of writing docs/testing.md"
     )
     args = ap.parse_args(argv)
 
+    if args.report:
+        text = report(read_log(args.report), [args.header], read_claims())
+        print(text)
+        if not args.no_doc:
+            write_doc(text)
+        return 0
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)
     if args.claims:
         mutants, source = claim_mutants(), "the claims in `bench/equivalent.tsv`"

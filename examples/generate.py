@@ -112,7 +112,9 @@ def config(
     rules: list[dict[str, object]],
     annotations: dict[str, str] | None = None,
     mounts: list[dict[str, object]] | None = None,
+    cgroups_path: str = "",
 ) -> dict[str, object]:
+    linux: dict[str, object] = {"cgroupsPath": cgroups_path} if cgroups_path else {}
     return {
         "ociVersion": "1.1.0",
         "process": {
@@ -125,6 +127,7 @@ def config(
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *(mounts or [])],
         "annotations": {"io.kubernetes.cri.container-type": "container", **(annotations or {})},
         "linux": {
+            **linux,
             "devices": devices,
             "resources": {"devices": rules},
             "namespaces": [{"type": "pid"}, {"type": "mount"}],
@@ -188,11 +191,17 @@ CUDA_IMAGE_ENV = [
     "CUDA_VERSION=12.4.1",
 ]
 K8S_POD = {  # containerd's CRI annotations for pod ml/train-0, container cuda
+    "io.kubernetes.cri.sandbox-id": "5f0c" * 16,
     "io.kubernetes.cri.sandbox-namespace": "ml",
     "io.kubernetes.cri.sandbox-name": "train-0",
     "io.kubernetes.cri.sandbox-uid": "0b7e5d2c-4a91-4f3e-8c6d-1e2f3a4b5c6d",
     "io.kubernetes.cri.container-name": "cuda",
 }
+# containerd's cgroupsPath for that container under the systemd driver (what tells containerd
+# from CRI-O: a pod cannot write it; hook/podid.py)
+K8S_CGROUPS_PATH = (
+    "kubepods-besteffort-pod0b7e5d2c_4a91_4f3e_8c6d_1e2f3a4b5c6d.slice:cri-containerd:" + "7e1a" * 16
+)
 
 
 def k8s_bundles() -> dict[str, dict[str, object]]:
@@ -213,6 +222,7 @@ def k8s_bundles() -> dict[str, dict[str, object]]:
             devices=[],
             rules=DEFAULT_RULES,
             annotations=K8S_POD,
+            cgroups_path=K8S_CGROUPS_PATH,
         ),
         "k8s-allocated": config(
             [*CUDA_IMAGE_ENV, f"NVIDIA_VISIBLE_DEVICES={root}"],
@@ -222,17 +232,22 @@ def k8s_bundles() -> dict[str, dict[str, object]]:
             rules=DEFAULT_RULES,
             annotations=K8S_POD,
             mounts=[mount],
+            cgroups_path=K8S_CGROUPS_PATH,
         ),
     }
 
 
 DRA_CLAIM_UID = "9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b"
 DRA_POD = {  # containerd's CRI annotations for pod ml/infer-0 (its claim: GPU 2), container server
+    "io.kubernetes.cri.sandbox-id": "3a9c" * 16,
     "io.kubernetes.cri.sandbox-namespace": "ml",
     "io.kubernetes.cri.sandbox-name": "infer-0",
     "io.kubernetes.cri.sandbox-uid": "4c8e2a6d-1f3b-4d5c-9e7a-0b2c4d6e8f1a",
     "io.kubernetes.cri.container-name": "server",
 }
+
+
+DRA_CGROUPS_PATH = "kubepods-pod4c8e2a6d_1f3b_4d5c_9e7a_0b2c4d6e8f1a.slice:cri-containerd:" + "6d0b" * 16
 
 
 def dra_claim_spec() -> dict[str, object]:
@@ -301,6 +316,7 @@ def dra_bundles() -> dict[str, dict[str, object]]:
             devices=[n for n in host_devices() if n["path"] not in paths] + injected,
             rules=rules,
             annotations=DRA_POD,
+            cgroups_path=DRA_CGROUPS_PATH,
         )
     }
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from hook.record import record
-from hook.rules import DENY_ALL, Access, DeviceType, Rule
+from hook.record import record, replace
+from hook.rules import DENY_ALL, Access, DeviceType, Rule, rule_number
 
 __all__ = ["UNNAMED", "HostDevices", "parse_device_majors", "access_of", "as_allow_list", "is_allow_list"]
 
-UNNAMED = -1  # a major or minor no rule names: rules cannot tell such numbers apart
+UNNAMED = 1 << 32  # a probe number no rule can name (rules hold 0..2^31-1 or None): all such look alike
 _BITS = (Access.M, Access.R, Access.W)
 
 
@@ -89,6 +89,12 @@ def _and(values: Iterable[Access], start: Access = Access.RWM) -> Access:
     return out
 
 
+def _as_runtime_reads(rule: Rule) -> Rule:
+    """A negative number is ``*`` to runc and crun: read it so, and so never write one back out."""
+    major, minor = rule_number(rule.major), rule_number(rule.minor)
+    return rule if (major, minor) == (rule.major, rule.minor) else replace(rule, major=major, minor=minor)
+
+
 def as_allow_list(
     rules: Sequence[Rule],
     majors: Mapping[DeviceType, Iterable[int]],
@@ -100,11 +106,14 @@ def as_allow_list(
     ``(type, major, minor)`` of every node the host or the config holds. Majors and minors the
     rules name are added to both.
     """
+    rules = [_as_runtime_reads(r) for r in rules]
+    known = [(kt, kmajor, kminor) for kt, kmajor, kminor in known if kmajor >= 0 and kminor >= 0]
     out: list[Rule] = [DENY_ALL]
     for t in (DeviceType.BLOCK, DeviceType.CHAR):
         minors: dict[int, set[int]] = {}
         for m in majors.get(t, ()):
-            minors.setdefault(m, set())
+            if m >= 0:
+                minors.setdefault(m, set())
         wild_minors: set[int] = set()
         for r in rules:
             if r.type not in (DeviceType.ALL, t):

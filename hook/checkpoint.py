@@ -25,16 +25,7 @@ __all__ = [
     "KNOWN_PATHS",
     "parse_checkpoint",
     "find_allocations",
-    "pod_identity",
-    "pod_of",
 ]
-
-# Annotations that carry the pod identity: containerd's CRI plugin writes io.kubernetes.cri.*,
-# CRI-O (and the kubelet's container labels it copies) io.kubernetes.pod.* / .container.*.
-POD_UID_KEYS = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
-CONTAINER_NAME_KEYS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
-NAMESPACE_KEYS = ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace")
-POD_NAME_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name")
 
 # Where kubelets keep the checkpoint: upstream default (--root-dir /var/lib/kubelet), k3s/rke2's
 # agent dir, microk8s' snap dir. ``hook doctor`` looks in each; the hook reads kubelet_checkpoint.
@@ -63,11 +54,11 @@ class Allocation:
 
 @record
 class Pod:
-    """A Kubernetes container's identity, from the engine's annotations."""
+    """A Kubernetes container's identity, as its own engine wrote it (``hook.podid``)."""
 
     uid: str
     container: str
-    namespace: str  # "" when the keys disagree or are absent: then no namespace is trusted
+    namespace: str  # "" when absent: then no namespace is trusted
     name: str
 
 
@@ -76,8 +67,10 @@ class Kubelet:
     """What the kubelet's checkpoint says about one container, and how sure that is.
 
     ``state``: ``read`` (the file parsed; ``allocations`` is this container's whole allocation,
-    possibly none), or ``absent`` / ``unreadable`` / ``corrupt`` (nothing known). ``dra_view`` is
-    the kubelet's DRA state about the pod (hook.dra), read whatever the checkpoint's state.
+    possibly none), or ``absent`` / ``unreadable`` / ``corrupt`` (nothing known), or
+    ``untrusted``: the annotations name a pod but not as one engine wrote it (``problem`` says
+    why), so the checkpoint was not consulted and no env request counts. ``dra_view`` is the
+    kubelet's DRA state about the pod (hook.dra), read whatever the checkpoint's state.
     """
 
     pod: Pod
@@ -85,6 +78,8 @@ class Kubelet:
     state: str
     allocations: tuple[Allocation, ...] = ()
     dra_view: DraView | None = None
+    engine: str = ""  # whose annotations named the pod (hook.podid)
+    problem: str = ""  # why no pod identity is trusted (state "untrusted")
 
     @property
     def known(self) -> bool:
@@ -221,31 +216,6 @@ def _is(e: object, ident: tuple[str, str]) -> bool:
     if not isinstance(e, dict):
         return True
     return (str(e.get("PodUID", "")), str(e.get("ContainerName", ""))) == ident
-
-
-def pod_identity(annotations: Mapping[str, str]) -> tuple[str, str] | None:
-    uid = next((annotations[k] for k in POD_UID_KEYS if annotations.get(k)), "")
-    name = next((annotations[k] for k in CONTAINER_NAME_KEYS if annotations.get(k)), "")
-    return (uid, name) if uid and name else None
-
-
-def _one(annotations: Mapping[str, str], keys: tuple[str, ...]) -> str:
-    """The value the engine wrote under any of ``keys``; "" when absent or when two disagree."""
-    values = {annotations[k] for k in keys if annotations.get(k)}
-    return values.pop() if len(values) == 1 else ""
-
-
-def pod_of(annotations: Mapping[str, str]) -> Pod | None:
-    """The container's pod, or None outside Kubernetes (no CRI pod identity in the annotations)."""
-    ident = pod_identity(annotations)
-    if ident is None:
-        return None
-    return Pod(
-        uid=ident[0],
-        container=ident[1],
-        namespace=_one(annotations, NAMESPACE_KEYS),
-        name=_one(annotations, POD_NAME_KEYS),
-    )
 
 
 def find_allocations(allocs: tuple[Allocation, ...], pod_uid: str, container: str) -> tuple[Allocation, ...]:

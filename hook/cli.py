@@ -264,6 +264,17 @@ def doctor(
     )
 
 
+@cli.command("serve")
+@click.option(
+    "--socket-dir", default="/run/oci-device-hook", type=PathArg, help="where the socket is made (0700)"
+)
+def serve_cmd(socket_dir: Path) -> None:
+    """Run the warm decider: live hooks on this node hand their containers to it (as root)."""
+    from hook.serve import serve
+
+    _finish("", serve(str(socket_dir)))
+
+
 @cli.command("log")
 @click.option("--config", "config_file", type=PathArg, help="settings file naming the log (log_file)")
 @click.option("--file", "log_file", type=PathArg, help="log file to read (default: the settings' log_file)")

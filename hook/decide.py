@@ -196,7 +196,7 @@ def _off_host_dev(
     labels: dict[int, str] = {}
 
     def on_host(path: str) -> bool:
-        found = shared_mount(config.mounts, path, inputs.host_dev)
+        found = shared_mount(config.mounts, path, inputs.host_dev, config.bundle)
         if found is None:
             return False
         i, m = found

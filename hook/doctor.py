@@ -457,6 +457,32 @@ def check_settings(settings_file: Path) -> Check:
     return Check("settings", True, f"{settings_file}: valid (privileged_allocation={policy})")
 
 
+def check_decider() -> Check:
+    """Whether a warm decider (``hook serve``) answers on this node, and its account of itself.
+
+    None at all is fine (every container is decided in-process, only slower); one that is
+    there but does not answer, is not root or is another version fails: each container then
+    pays a failed attempt before it is decided in-process."""
+    from hook import client
+    from hook.version import VERSION
+
+    got = client.status()
+    where = f"{client.SOCKET_DIR}/{client.SOCKET_NAME}"
+    if isinstance(got, str):
+        if got.startswith("no decider socket"):
+            fix = "systemctl enable --now oci-device-hook-decider (faster starts)"
+            return Check("decider", True, f"not running ({got}): containers are decided in-process", fix)
+        return Check("decider", False, f"{where}: {got}", "systemctl restart oci-device-hook-decider")
+    detail = (
+        f"answering: version {got.get('version')}, pid {got.get('pid')}, up {got.get('uptime_s')} s, "
+        f"{got.get('requests')} request(s), {got.get('declined')} declined"
+    )
+    if got.get("version") != VERSION:
+        return Check("decider", False, f"{detail}; this hook is {VERSION}",
+                     "systemctl restart oci-device-hook-decider")
+    return Check("decider", True, detail)
+
+
 def check_kubelet(settings_file: Path, root: Path = Path("/")) -> Check:
     """The checkpoint the hook reads is where this node's kubelet writes it (hook.kubeletcheck)."""
     from hook.kubeletcheck import kubelet_coverage
@@ -525,5 +551,6 @@ def run_doctor(
         check_settings(settings_file),
         check_kubelet(settings_file, host_root),
         check_kubelet_dra(settings_file, host_root),
+        check_decider(),
     ]
     return render(checks, fmt), 0 if all(c.ok for c in checks) else 1

@@ -14,7 +14,7 @@ import sys
 
 from hook.fastpath import MAX_CONFIG, MAX_STATE, fast_path, precreate_fast, read_limited
 
-TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "settings"})
+TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "settings", "serve"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
 OTHER_STAGES = frozenset({"createContainer", "startContainer", "poststart", "poststop"})
 VALUE_OPTIONS = frozenset({"--config", "--driver-root", "--cdi-spec-dir", "--inventory", "--format"})
@@ -85,9 +85,13 @@ def _unknown_word(word: str) -> int:
 
 
 def _write_out(data: bytes) -> None:
+    _write_fd(1, data)
+
+
+def _write_fd(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view) :]
+        view = view[os.write(fd, view) :]
 
 
 def precreate(opts: dict[str, list[str]]) -> int:
@@ -152,15 +156,53 @@ def main(argv: list[str] | None = None) -> int:
         stdin = b""
     if fast_path(opts, stdin):
         return 0
-    from hook.live import run_live
+    served = _served(stage, opts, stdin)
+    if not isinstance(served, str):
+        return served
+    from hook.live import Session, run_live
 
     try:
-        return run_live(opts, stdin)
+        return run_live(opts, stdin, Session((f"decider: {served}; decided in-process",) if served else ()))
     except Exception as exc:  # the runtime shows one line, never a traceback
         from hook.escape import clean
 
         sys.stderr.write(f"oci-device-hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
         return 1
+
+
+def _served(stage: str, opts: dict[str, list[str]], stdin: bytes) -> int | str:
+    """The warm decider's exit status for this container, or why it decided nothing ("": none here).
+
+    Only a runtime's run is served (the state in a pipe or socket): by hand, the in-process path
+    prints the record instead of logging it. A decider that took the container and then ended
+    refuses it (exit 1, one line); it is never applied twice.
+    """
+    try:
+        if os.fstat(0).st_mode & 0o170000 not in (0o010000, 0o140000):  # S_ISFIFO, S_ISSOCK
+            return ""
+    except OSError:
+        return ""
+    from hook.client import Refused, ask
+    from hook.fastpath import loads
+
+    try:
+        pid = loads(stdin).get("pid")
+    except Exception:  # the in-process path reports a broken state with its file and field
+        return ""
+    try:
+        got = ask(stage, opts, stdin, pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+    except Refused as exc:
+        from hook.client import SOCKET_DIR, SOCKET_NAME
+
+        where = f"{SOCKET_DIR}/{SOCKET_NAME}"
+        sys.stderr.write(f"oci-device-hook: {where}: the decider ended while applying ({exc}): refused\n")
+        return 1
+    if isinstance(got, str):
+        return got
+    code, err = got
+    sys.stderr.flush()
+    _write_fd(2, err)
+    return code
 
 
 def run() -> None:

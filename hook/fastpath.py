@@ -31,22 +31,28 @@ NVIDIA_ENVS = (
     "NVIDIA_MIG_MONITOR_DEVICES=",
     "NVIDIA_IMEX_CHANNELS=",
 )
-# Nodes every engine may add to any container; anything else in linux.devices takes the slow path.
-PLAIN_NODES = frozenset(
-    {
-        "/dev/null",
-        "/dev/zero",
-        "/dev/full",
-        "/dev/random",
-        "/dev/urandom",
-        "/dev/tty",
-        "/dev/console",
-        "/dev/ptmx",
-        "/dev/fuse",
-        "/dev/net/tun",
-        "/dev/kvm",
-    }
-)
+# Nodes every engine may add to any container, with the numbers the kernel gives them; anything
+# else in linux.devices (another node, or one of these paths with other numbers) takes the slow path.
+PLAIN_DEVICES = {
+    "/dev/null": (1, 3),
+    "/dev/zero": (1, 5),
+    "/dev/full": (1, 7),
+    "/dev/random": (1, 8),
+    "/dev/urandom": (1, 9),
+    "/dev/tty": (5, 0),
+    "/dev/console": (5, 1),
+    "/dev/ptmx": (5, 2),
+    "/dev/fuse": (10, 229),
+    "/dev/net/tun": (10, 200),
+    "/dev/kvm": (10, 232),
+}
+PLAIN_NODES = frozenset(PLAIN_DEVICES)
+# Char majors the kernel assigns statically to memory devices, ttys and pty slaves (its
+# Documentation/admin-guide/devices.txt): no accelerator driver can ever register one, so an
+# allow rule on them (runc's and containerd's ``c 136:* rwm`` for /dev/pts) reaches no accelerator.
+STATIC_MAJORS = frozenset({1, 4, 5, *range(136, 144)})
+PLAIN_NUMBERS = frozenset(PLAIN_DEVICES.values())
+NUMBER_LIMIT = 1 << 31  # hook.oci.RULE_NUMBER_LIMIT: beyond it runc and crun read a number differently
 
 
 class _Defaults:
@@ -253,17 +259,18 @@ def needs_decision(
     """A cheap superset of "this container asks for a device or is widened"; false means nothing to do."""
     linux = config.get("linux") or {}
     for rule in (linux.get("resources") or {}).get("devices") or ():
-        if isinstance(rule, dict) and rule.get("allow") is True and rule.get("type") in (None, "", "a"):
+        if isinstance(rule, dict) and rule.get("allow") is True and _may_open_accelerator(rule):
             return True
     for dev in linux.get("devices") or ():
-        if not isinstance(dev, dict) or os.path.normpath(str(dev.get("path", ""))) not in PLAIN_NODES:
+        if not isinstance(dev, dict) or not _plain_device(dev):
             return True
     for key in list(annotations) + list(config.get("annotations") or {}):
         if isinstance(key, str) and key.startswith(prefixes):
             return True
+    root = _container_path(mount_root) + "/" if mount_root else ""
     for m in config.get("mounts") or ():
-        dest = str(m.get("destination", "")) if isinstance(m, dict) else ""
-        if "nvidia-container-devices" in dest or (mount_root and dest.startswith(mount_root)):
+        dest = _container_path(str(m.get("destination", ""))) if isinstance(m, dict) else ""
+        if "nvidia-container-devices" in dest or (root and dest.startswith(root)):
             return True
     names = set()
     for entry in (config.get("process") or {}).get("env") or ():
@@ -275,6 +282,44 @@ def needs_decision(
             names.add(entry.partition("=")[0])
     # a legacy CUDA image asks for every GPU (NVIDIA's cuda_image.go): CUDA_VERSION, no REQUIRE_CUDA
     return "CUDA_VERSION" in names and not names & {"NVIDIA_REQUIRE_CUDA", "NVIDIA_VISIBLE_DEVICES"}
+
+
+def _container_path(path: str) -> str:
+    """``hook.kpath.container_path`` with ``os`` only: ``//x`` is ``/x``, a relative path is below ``/``."""
+    clean = os.path.normpath("/" + path)
+    return clean[1:] if clean.startswith("//") else clean
+
+
+def _plain_device(dev: dict[str, Any]) -> bool:
+    """A ``linux.devices`` entry that is one of the plain nodes, numbers included (a /dev/null
+    made as ``c 195:3`` is a GPU to the kernel, whatever its name)."""
+    numbers = PLAIN_DEVICES.get(str(dev.get("path", "")))
+    kind, found = dev.get("type"), (dev.get("major"), dev.get("minor"))
+    return numbers is not None and kind in ("c", "u") and found == numbers
+
+
+def _may_open_accelerator(rule: dict[str, Any]) -> bool:
+    """An allow rule that could let the container read or write an accelerator, as runc reads it.
+
+    ``a`` (any numbers: runc allows every device), a typed wildcard (no number, or a negative
+    one: runc's ``*``) and an exact number outside the plain nodes all may; block devices, an
+    ``m``-only rule and the statically assigned tty/memory majors cannot. The full decision is
+    the judge of everything this lets through (tests/test_fastpath_differential.py)."""
+    kind = rule.get("type") or "a"
+    if kind == "a":
+        return True
+    access = rule.get("access")
+    if kind == "b" or (isinstance(access, str) and access and not ("r" in access or "w" in access)):
+        return False
+    major, minor = rule.get("major"), rule.get("minor")
+    for n in (major, minor):
+        if n is not None and not (_is_int(n) and -NUMBER_LIMIT <= n < NUMBER_LIMIT):
+            return True  # runtimes read it differently: the full path reads it as *
+    if major is None or major < 0:
+        return True
+    if major in STATIC_MAJORS:
+        return False
+    return minor is None or minor < 0 or (major, minor) not in PLAIN_NUMBERS
 
 
 def _is_int(v: object) -> bool:
@@ -347,7 +392,7 @@ def well_formed(state: dict[str, Any], config: dict[str, Any]) -> bool:
             and (r.get("type") or "a") in ("a", "c", "b")
             and isinstance(r.get("access", "rwm"), str)
             and set(r.get("access", "rwm")) <= set("rwm")
-            and all(_opt(r, k, _is_int) for k in ("major", "minor"))
+            and all(_opt(r, k, _is_int) for k in ("major", "minor"))  # hook.oci reads every int
         ):
             return False
     return True

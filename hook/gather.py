@@ -18,6 +18,7 @@ from hook.errors import InputError
 from hook.hostdev import host_dev_roots
 from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.plan import Node
+from hook.podid import identify
 from hook.record import field, record, replace
 from hook.requests import (
     DeviceRequest,
@@ -168,20 +169,52 @@ def read_regular(path: Path, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str]) -> ckpt.Kubelet | None:
+def _kubelet(
+    annotations: dict[str, str], cgroups_path: str, settings: Settings, warnings: list[str]
+) -> ckpt.Kubelet | None:
     """What the kubelet's checkpoint and DRA state say about this container; None outside Kubernetes.
 
     Never raises: a missing, unreadable or corrupt file is a state the decision weighs (and a
-    warning), so a container that asks for no device always starts.
+    warning), so a container that asks for no device always starts. A pod identity that is not
+    its engine's own (``hook.podid``) consults neither: state ``untrusted``.
     """
-    pod = ckpt.pod_of(annotations)
-    if pod is None:
-        return None
+    ident = identify(annotations, cgroups_path)
+    if ident.pod is None:
+        if not ident.problem:
+            return None
+        consequence = "no allocation counts and env requests are ignored"
+        warnings.append(f"no trusted pod identity: {ident.problem}; {consequence}")
+        anonymous = ckpt.Pod(uid="", container="", namespace="", name="")
+        checkpoint = settings.kubelet_checkpoint
+        return ckpt.Kubelet(pod=anonymous, checkpoint=checkpoint, state="untrusted", problem=ident.problem)
+    pod, engine = ident.pod, ident.engine
+    from hook import warm
+
+    # the decider keeps this pod's view while both kubelet files keep their identity
+    key = (warm.identity(settings.kubelet_checkpoint), warm.identity(settings.dra_state_path))
+    found: list[str] = []
+    files = (settings.kubelet_checkpoint, settings.dra_state_path)
+    slot = ("kubelet", *files, pod.uid, pod.container, pod.namespace, pod.name, engine)
+    view, said = warm.remembered(
+        slot, key, lambda: (_read_kubelet(pod, engine, settings, found), tuple(found))
+    )
+    warnings += said
+    return view
+
+
+def _read_kubelet(pod: ckpt.Pod, engine: str, settings: Settings, warnings: list[str]) -> ckpt.Kubelet:
     path = Path(settings.kubelet_checkpoint)
     dra_view = _dra(pod, settings, warnings)
 
     def view(state: str, allocs: tuple[ckpt.Allocation, ...] = ()) -> ckpt.Kubelet:
-        return ckpt.Kubelet(pod=pod, checkpoint=str(path), state=state, allocations=allocs, dra_view=dra_view)
+        return ckpt.Kubelet(
+            pod=pod,
+            checkpoint=str(path),
+            state=state,
+            allocations=allocs,
+            dra_view=dra_view,
+            engine=engine,
+        )
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the container's start
@@ -206,10 +239,12 @@ def _kubelet(annotations: dict[str, str], settings: Settings, warnings: list[str
     return view("corrupt")
 
 
-def kubelet_evidence(annotations: Mapping[str, str], settings: Settings) -> ckpt.Kubelet | None:
+def kubelet_evidence(
+    annotations: Mapping[str, str], cgroups_path: str, settings: Settings
+) -> ckpt.Kubelet | None:
     """The kubelet's word on this container exactly as a decision reads it (its warnings dropped):
     what the precreate marker binds, gathered again by the stage that checks the marker."""
-    return _kubelet(dict(annotations), settings, [])
+    return _kubelet(dict(annotations), cgroups_path, settings, [])
 
 
 def _dra(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> DraView:
@@ -257,10 +292,16 @@ class _Resolver:
 
     def registry(self) -> Registry:
         if self._registry is None:
-            from hook.cdi.registry import Registry
+            from hook import warm
+            from hook.cdi.registry import Registry, spec_files
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
-            self._registry = Registry.load(list(self.opts.spec_dirs), cache)
+            dirs = list(self.opts.spec_dirs)
+            # the decider keeps the registry while every spec file (and the set of them) is the same
+            key = warm.identities(p for p, _ in spec_files(dirs)) if warm.enabled() else None
+            self._registry = warm.remembered(
+                ("cdi", tuple(map(str, dirs)), str(cache)), key, lambda: Registry.load(dirs, cache)
+            )
             for path, problems in sorted(self._registry.errors.items()):
                 self.warnings += [f"CDI spec skipped: {problem}" for problem in problems[:3]]
                 if len(problems) > 3:
@@ -559,7 +600,8 @@ def inputs_for_config(
     opts = resolved(opts, settings)
     warnings: list[str] = []
     annotations = {**config.annotations, **annotations}
-    requests = collect(config, annotations, settings, _kubelet(annotations, settings, warnings))
+    kubelet = _kubelet(annotations, config.cgroups_path, settings, warnings)
+    requests = collect(config, annotations, settings, kubelet)
     resolver = _Resolver(opts, settings, config, requests)
     grants = resolver.resolve_all()
     if any(dra_claim_of(r) for r in requests.items):

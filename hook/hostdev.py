@@ -17,9 +17,9 @@ mounts them in order.
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Iterable, Sequence
 
+from hook.kpath import container_path, host_source, lexical
 from hook.oci import Mount
 
 __all__ = ["HOST_DEV", "host_dev_roots", "shared_mount", "shares_host_dev"]
@@ -29,7 +29,7 @@ HOST_DEV = "/dev"
 
 def host_dev_roots(driver_root: str) -> tuple[str, ...]:
     """The host's ``/dev`` directories as a mount source would name them."""
-    extra = posixpath.normpath(posixpath.join(driver_root, "dev"))
+    extra = lexical("/" + driver_root + "/dev")
     return (HOST_DEV,) if extra == HOST_DEV else (HOST_DEV, extra)
 
 
@@ -41,24 +41,26 @@ def _is_bind(m: Mount) -> bool:
     return m.type == "bind" or "bind" in m.options or "rbind" in m.options
 
 
-def shares_host_dev(m: Mount, roots: Iterable[str]) -> bool:
-    """The mount shows (part of) the host's ``/dev`` inside the container."""
+def shares_host_dev(m: Mount, roots: Iterable[str], bundle: str = "") -> bool:
+    """The mount shows (part of) the host's ``/dev`` inside the container. Paths are compared as
+    the kernel resolves them (``//dev`` is ``/dev``; ``hook.kpath``); a relative source the hook
+    cannot place (no bundle) counts as the host's ``/dev``: narrowing there is then cgroup-only."""
     if m.type == "devtmpfs":
         return True
-    if not _is_bind(m) or not m.source.startswith("/"):
+    if not _is_bind(m):
         return False
-    source = posixpath.normpath(m.source)
-    return any(_under(source, root) for root in roots)
+    source = host_source(m.source, bundle)
+    return source is None or any(_under(source, lexical(root)) for root in roots)
 
 
-def shared_mount(mounts: Sequence[Mount], path: str, roots: Iterable[str]) -> tuple[int, Mount] | None:
-    """The host ``/dev`` mount (index, mount) that governs container ``path``, or None."""
-    path = posixpath.normpath(path)
+def shared_mount(
+    mounts: Sequence[Mount], path: str, roots: Iterable[str], bundle: str = ""
+) -> tuple[int, Mount] | None:
+    """The host ``/dev`` mount (index, mount) that governs container ``path``, or None. A relative
+    destination is below ``/``, as runc mounts it."""
+    path = container_path(path)
     roots = tuple(roots)
     for i in range(len(mounts) - 1, -1, -1):
-        dest = mounts[i].destination
-        if not dest.startswith("/"):
-            continue
-        if _under(path, posixpath.normpath(dest)):
-            return (i, mounts[i]) if shares_host_dev(mounts[i], roots) else None
+        if _under(path, container_path(mounts[i].destination)):
+            return (i, mounts[i]) if shares_host_dev(mounts[i], roots, bundle) else None
     return None

@@ -7,7 +7,6 @@ already let through every container that needs nothing, so the hook never blocks
 
 from __future__ import annotations
 
-import posixpath
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,9 +25,40 @@ TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["options_from", "run_live"]
+__all__ = ["Abandoned", "Session", "options_from", "run_live"]
 
 STDIN = "state (stdin)"
+
+
+class Abandoned(Exception):
+    """The requester of a served decision left before ``commit``: nothing is applied or logged."""
+
+
+class Session:
+    """Where one live decision reports, and the two checks a served one adds.
+
+    In-process (the default): stderr is the process's, "by hand" is read from fd 0, ``commit`` and
+    ``check_pid`` do nothing. The decider (``hook.serve``) gives each request its own session: the
+    stderr text goes back to the client, ``commit`` asks the client for "go" before anything is
+    applied or logged (``Abandoned`` when it has already decided in-process), and ``check_pid``
+    proves with the client's pidfd that the state's pid is still the process it handed over.
+    ``warnings`` are added to the log line (a decider that could not serve, say).
+    """
+
+    def __init__(self, warnings: tuple[str, ...] = ()) -> None:
+        self.warnings = warnings
+
+    def err(self, text: str) -> None:
+        sys.stderr.write(text)
+
+    def by_hand(self) -> bool:
+        return _by_hand()
+
+    def commit(self) -> None:
+        """Called once before the first side effect (apply, log)."""
+
+    def check_pid(self, pid: int) -> None:
+        """Raise ``HookError`` when ``pid`` may no longer be the container's process."""
 
 
 def options_from(opts: dict[str, list[str]], *, use_cache: bool) -> Options:
@@ -63,24 +93,29 @@ def _log(
     settings: Settings | None,
     annotations: Mapping[str, str],
     opts: dict[str, list[str]],
+    session: Session,
+    cgroups_path: str = "",
 ) -> None:
     import json
 
     from hook.log import write_log
     from hook.logrecord import stamp
 
+    session.commit()
     s = settings or Settings()
-    line = stamp(record, annotations)
-    if "--log" not in opts and _by_hand():
+    if session.warnings:
+        record = {**record, "warnings": [*record.get("warnings", ()), *session.warnings]}
+    line = stamp(record, annotations, cgroups_path=cgroups_path)
+    if "--log" not in opts and session.by_hand():
         sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
-        sys.stderr.write(f"oci-device-hook: run by hand: not appended to {s.log_file} (--log does)\n")
+        session.err(f"oci-device-hook: run by hand: not appended to {s.log_file} (--log does)\n")
         return
     problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
-        sys.stderr.write(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
+        session.err(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
 
 
-def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
+def _remember(opts: dict[str, list[str]], settings: Settings, session: Session) -> None:
     """Let the fast path serve later containers under custom settings without loading yaml."""
     from hook.settings import DEFAULT_PATH, remember_for_fast_path
 
@@ -88,7 +123,7 @@ def _remember(opts: dict[str, list[str]], settings: Settings) -> None:
     if path.exists():
         problem = remember_for_fast_path(path, settings)
         if problem:
-            sys.stderr.write(f"oci-device-hook: warning: fast path cache: {clean(problem)}\n")
+            session.err(f"oci-device-hook: warning: fast path cache: {clean(problem)}\n")
 
 
 def _settings_cannot_matter(config: OciConfig, annotations: Mapping[str, str]) -> bool:
@@ -104,34 +139,38 @@ def _settings_cannot_matter(config: OciConfig, annotations: Mapping[str, str]) -
         return False
     if any("cdi" in key.lower() for key in annotations):
         return False
-    return not any(m.source and posixpath.normpath(m.source) == "/dev/null" for m in config.mounts)
+    from hook.kpath import host_source
+
+    return not any(m.source and host_source(m.source, config.bundle) == "/dev/null" for m in config.mounts)
 
 
-def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]]) -> int:
+def _broken_settings(error: InputError, stdin: bytes, opts: dict[str, list[str]], session: Session) -> int:
     """A settings file that does not load stops only the containers whose decision it could change.
 
     A container that asks for no device under any settings starts (the error is logged and
     printed as a warning, once per container); any other container fails closed with the error.
     """
-    container = ""
+    container = cgroups = ""
     annotations: Mapping[str, str] = {}
     try:
         state = parse_state(stdin, STDIN)
         container = state.id
         config = load_config(state)
-        annotations = {**config.annotations, **state.annotations}
+        annotations, cgroups = {**config.annotations, **state.annotations}, config.cgroups_path
         harmless = _settings_cannot_matter(config, annotations)
     except HookError:
         harmless = False
     record: dict[str, Any] = {"container": {"id": container}, "error": str(error)}
     logs = _salvaged(opts)
     if harmless:
-        sys.stderr.write(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
+        session.commit()
+        session.err(f"oci-device-hook: warning: {error}; started: it asks for no device\n")
         reason = "settings file broken; the container asks for no device"
-        _log({**record, "verdict": "none", "reason": reason}, logs, annotations, opts)
+        _log({**record, "verdict": "none", "reason": reason}, logs, annotations, opts, session, cgroups)
         return 0
-    sys.stderr.write(f"oci-device-hook: {error}\n")
-    _log({**record, "verdict": "error"}, logs, annotations, opts)
+    session.commit()
+    session.err(f"oci-device-hook: {error}\n")
+    _log({**record, "verdict": "error"}, logs, annotations, opts, session, cgroups)
     return error.exit_code
 
 
@@ -154,7 +193,8 @@ def _decided_before(config: OciConfig, annotations: Mapping[str, str], settings:
     key = load_key(Path(settings.cache_dir), create=False)
     if key is None:
         return False
-    return verify(key, config, binding(kubelet_evidence(annotations, settings), settings))
+    evidence = kubelet_evidence(annotations, config.cgroups_path, settings)
+    return verify(key, config, binding(evidence, settings))
 
 
 def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
@@ -167,9 +207,15 @@ def _skipped_warnings(skipped: tuple[tuple[str, str], ...]) -> list[str]:
     ]
 
 
-def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
+def run_live(opts: dict[str, list[str]], stdin: bytes, session: Session | None = None) -> int:
+    """Decide for the container in ``stdin`` (its OCI state) and apply; the exit status.
+
+    ``session`` is where output goes and what a served decision checks (``Session``); the
+    decider and the in-process hook run exactly this code.
+    """
+    session = session or Session()
     settings: Settings | None = None
-    container = ""
+    container = cgroups = ""
     annotations: Mapping[str, str] = {}
     try:
         options = options_from(opts, use_cache=True)
@@ -179,23 +225,23 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
                 options.settings_file or DEFAULT_PATH, required=bool(options.settings_file)
             )
         except InputError as exc:
-            return _broken_settings(exc, stdin, opts)
-        _remember(opts, settings)
+            return _broken_settings(exc, stdin, opts, session)
+        _remember(opts, settings, session)
         state = parse_state(stdin, STDIN)
         container = state.id
         annotations = state.annotations
         config = load_config(state)
-        annotations = {**config.annotations, **state.annotations}
+        annotations, cgroups = {**config.annotations, **state.annotations}, config.cgroups_path
         if _decided_before(config, annotations, settings):
             record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
-            _log({**record, "container": {"id": container}}, settings, annotations, opts)
+            _log({**record, "container": {"id": container}}, settings, annotations, opts, session, cgroups)
             return 0
         inputs = load_inputs(state, replace(options, settings=settings), config)
         plan = decide(inputs)
         report = build_report(inputs, plan)
         if plan.verdict is Verdict.DENY:
-            _log(report, settings, annotations, opts)
-            sys.stderr.write(f"oci-device-hook: deny: {clean(plan.reason)}\n")
+            _log(report, settings, annotations, opts, session, cgroups)
+            session.err(f"oci-device-hook: deny: {clean(plan.reason)}\n")
             return 3
         if plan.changes:
             if state.pid is None:
@@ -203,22 +249,27 @@ def run_live(opts: dict[str, list[str]], stdin: bytes) -> int:
             from hook.apply.locate import find_container
             from hook.apply.transaction import apply_plan
 
+            session.commit()
+            session.check_pid(state.pid)
             # before anything is written: the pid must be a container's (issue 11, item 2)
             target = find_container(state.pid, inputs.config.cgroups_path, source=STDIN)
             applied = apply_plan(
                 plan, state.pid, rootfs=inputs.config.root_path, target=target, host_dev=inputs.host_dev
             )
+            session.check_pid(state.pid)
             report["cgroup_version"] = applied.cgroup_version
             report["program_ids"] = applied.program_ids
             report["warnings"] += _skipped_warnings(applied.skipped)
-        _log(report, settings, annotations, opts)
+        _log(report, settings, annotations, opts, session, cgroups)
         return 0
     except HookError as exc:
-        sys.stderr.write(f"oci-device-hook: {exc}\n")
+        session.err(f"oci-device-hook: {exc}\n")
         _log(
             {"verdict": "error", "container": {"id": container}, "error": str(exc)},
             settings if settings is not None else _salvaged(opts),  # an option failed before the settings
             annotations,
             opts,
+            session,
+            cgroups,
         )
         return exc.exit_code

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from hook.errors import InputError
 from hook.record import field, record
-from hook.rules import Access, DeviceType, Rule
+from hook.rules import Access, DeviceType, Rule, rule_number
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -30,6 +30,9 @@ __all__ = [
     "parse_config",
     "parse_config_object",
     "load_json_object",
+    "parse_rule",
+    "rule_number",
+    "RULE_NUMBER_LIMIT",
 ]
 
 MAX_STATE_BYTES = 1 << 20
@@ -79,6 +82,7 @@ class OciConfig:
     annotations: Mapping[str, str]
     warnings: tuple[str, ...] = ()
     cgroups_path: str = ""  # linux.cgroupsPath as written: /abs, rel/ative or slice:prefix:name
+    bundle: str = ""  # where runc resolves relative bind sources; "" when unknown (precreate)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -279,6 +283,9 @@ def _parse_devices(items: Any, source: str) -> tuple[LinuxDevice, ...]:
         minor = _opt_int(d, "minor", source, name)
         if dtype != "p" and (major is None or minor is None):
             raise InputError(source, f"{name}.{'major' if major is None else 'minor'}", "missing")
+        for key, number in (("major", major), ("minor", minor)):
+            if number is not None and not 0 <= number < 1 << 32:  # runc: no mkdev of -1 ("wildcards")
+                raise InputError(source, f"{name}.{key}", f"{number} is not a device number")
         out.append(
             LinuxDevice(
                 path=_str(d, "path", source, name + "."),
@@ -293,8 +300,27 @@ def _parse_devices(items: Any, source: str) -> tuple[LinuxDevice, ...]:
     return tuple(out)
 
 
+RULE_NUMBER_LIMIT = 1 << 31  # past it runc refuses or never matches, crun wraps to another int
+
+
+def _rule_int(obj: Mapping[str, Any], key: str, source: str, name: str) -> tuple[int | None, bool]:
+    """(the number as the runtime matches it, whether runtimes read it alike)."""
+    value = _opt_int(obj, key, source, name)
+    return rule_number(value), value is None or -RULE_NUMBER_LIMIT <= value < RULE_NUMBER_LIMIT
+
+
 def parse_rule(d: Any, source: str, name: str) -> Rule:
-    """One ``linux.resources.devices`` entry; type absent or empty means ``a``, as runc reads it."""
+    """One ``linux.resources.devices`` entry, read the way the runtime applies it.
+
+    Type absent or empty means ``a`` and a negative number means ``*`` (``rule_number``). Where
+    runtimes differ, the reading that grants more is taken for an allow and the one that denies
+    less for a deny, so the hook never believes a device is closed that a runtime leaves open:
+    ``a`` with numbers allows every device in runc (its emulator and the kernel's v1 parser ignore
+    the numbers; crun's eBPF keeps them); an empty access is refused by runc (``device access …
+    cannot be empty``) and matches nothing in crun's filter; a number outside ``±2^31`` is an
+    error or never matches in runc and becomes another 32-bit number in crun (``int major``), so
+    it is ``*`` in an allow and the deny is taken to deny nothing.
+    """
     if not isinstance(d, dict):
         raise InputError(source, name, "expected an object")
     allow = d.get("allow")
@@ -305,20 +331,24 @@ def parse_rule(d: Any, source: str, name: str) -> Rule:
         kind = DeviceType(dtype)
     except ValueError:
         raise InputError(source, f"{name}.type", f"unknown device type {dtype!r}") from None
-    access_text = d.get("access", "rwm")
+    access_text = d.get("access", "")
     if not isinstance(access_text, str):
         raise InputError(source, f"{name}.access", "expected string")
     try:
-        access = Access.parse(access_text or "rwm")
+        access = Access.parse(access_text) if access_text else Access.RWM if allow else Access.NONE
     except ValueError as exc:
         raise InputError(source, f"{name}.access", str(exc)) from None
-    return Rule(
-        allow=allow,
-        type=kind,
-        major=_opt_int(d, "major", source, name),
-        minor=_opt_int(d, "minor", source, name),
-        access=access,
-    )
+    major, major_alike = _rule_int(d, "major", source, name)
+    minor, minor_alike = _rule_int(d, "minor", source, name)
+    if not (major_alike and minor_alike):  # runc: an error or no match; crun: another 32-bit number
+        if not allow:
+            access = Access.NONE
+        major = major if major_alike else None
+        minor = minor if minor_alike else None
+    if kind is DeviceType.ALL and allow:
+        major = minor = None
+    return Rule(allow=allow, type=kind, major=major, minor=minor, access=access)
+
 
 
 def _section(obj: Mapping[str, Any], key: str, source: str, prefix: str = "") -> Mapping[str, Any]:
@@ -361,5 +391,6 @@ def parse_config_object(obj: dict[str, Any], source: str, bundle: str) -> OciCon
         annotations=_str_map(obj.get("annotations"), source, "annotations"),
         warnings=tuple(warnings),
         cgroups_path=_str(linux, "cgroupsPath", source, "linux.", default=""),
+        bundle=bundle,
         raw=obj,
     )

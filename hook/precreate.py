@@ -23,7 +23,7 @@ from hook.decide import Inputs, decide
 from hook.errors import HookError
 from hook.escape import clean
 from hook.gather import host_devices, inputs_for_config, resolved
-from hook.live import _decided_before, _remember, _salvaged, options_from
+from hook.live import Session, _decided_before, _remember, _salvaged, options_from
 from hook.marker import ANNOTATION, binding, load_key, sign
 from hook.oci import OciConfig, parse_config, parse_config_object
 from hook.plan import Plan, Verdict
@@ -64,7 +64,8 @@ def _log(record: dict[str, Any], settings: Settings | None, config: OciConfig | 
     from hook.logrecord import stamp
 
     s = settings or Settings()
-    line = stamp(record, dict(config.annotations) if config is not None else {})
+    annotations, cgroups = (dict(config.annotations), config.cgroups_path) if config is not None else ({}, "")
+    line = stamp(record, annotations, cgroups_path=cgroups)
     problem = write_log(line, Path(s.log_file), max_bytes=s.log_max_bytes)
     if problem:
         sys.stderr.write(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
@@ -106,7 +107,7 @@ def run_precreate(opts: dict[str, list[str]], stdin: bytes) -> tuple[int, bytes]
     try:
         options = options_from(opts, use_cache=True)
         settings = load_settings(options.settings_file or DEFAULT_PATH, required=bool(options.settings_file))
-        _remember(opts, settings)  # later plain containers take entry's fast path under these settings
+        _remember(opts, settings, Session())  # later plain containers take the fast path under these settings
         config = parse_config(stdin, SOURCE, "")
         container = _container_id(config)
         if _decided_before(config, config.annotations, settings):

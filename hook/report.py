@@ -61,6 +61,8 @@ def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
         "bounded": inputs.requests.bounded,
         "dra_claims": k.dra,
         "dra": _dra(inputs),
+        "engine": k.engine,
+        "identity_problem": k.problem,
     }
 
 
@@ -105,10 +107,13 @@ def render_text(report: dict[str, Any]) -> str:
         alloc = ", ".join(k["allocation"]) or "nothing"
         trust = " (trusted namespace)" if k["trusted_namespace"] else ""
         pod = clean(f"{k['namespace'] or '?'}/{k['pod'] or k['pod_uid']}")
-        lines.append(
-            f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
-            f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
-        )
+        if k.get("identity_problem"):
+            lines.append(f"kubernetes: no trusted pod identity: {clean(k['identity_problem'])}")
+        else:
+            lines.append(
+                f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
+                f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
+            )
         d = k.get("dra")
         if d and d["state"] != "absent":
             claims = ", ".join(

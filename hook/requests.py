@@ -11,13 +11,13 @@ a visible-devices env counts as a plugin's only when something a pod cannot forg
 from __future__ import annotations
 
 import fnmatch
-import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 
 from hook.checkpoint import Allocation, Kubelet
 from hook.errors import InputError
+from hook.kpath import container_path, host_source
 from hook.oci import LinuxDevice, OciConfig
 from hook.record import record, replace
 from hook.rules import Access, DeviceType, Rule
@@ -94,12 +94,11 @@ class Requests:
 
 
 def is_privileged(rules: Sequence[Rule]) -> bool:
-    """The engine's privileged mode: an allow-all rule (containerd ``WithAllDevicesAllowed``, CRI-O)."""
+    """The engine's privileged mode: an allow-all rule (containerd ``WithAllDevicesAllowed``, CRI-O);
+    ``a`` with numbers allows everything too, as runc applies it (``oci.parse_rule``)."""
     return any(
         r.allow
         and r.type is DeviceType.ALL
-        and r.major is None
-        and r.minor is None
         and Access.R | Access.W in r.access
         for r in rules
     )
@@ -138,7 +137,7 @@ def is_accelerator(path: str, patterns: Mapping[str, tuple[str, ...]]) -> bool:
     known = _SEEN.get((matcher, path))
     if known is not None:
         return known
-    clean = posixpath.normpath(path)
+    clean = container_path(path)  # //dev/x and dev/x are /dev/x to runc and the kernel (hook.kpath)
     found = clean.startswith("/dev/") and matcher.match(clean[len("/dev/") :]) is not None
     if len(_SEEN) < 65536:
         _SEEN[(matcher, path)] = found
@@ -165,7 +164,7 @@ def _mounted_ids(a: Allocation, root: str) -> list[str]:
     """Device IDs of a volume-mounts allocation: ``/dev/null`` mounted at ``<root>/<id>``."""
     out = []
     for cpath, _host in a.mounts:
-        dest = posixpath.normpath(cpath)
+        dest = container_path(cpath)
         if dest.startswith(root + "/"):
             out.append(dest[len(root) + 1 :])
     return out
@@ -177,7 +176,7 @@ def _from_checkpoint(
     by_path: dict[str, LinuxDevice] = {}
     for d in config.devices:
         by_path.setdefault(d.path, d)  # the first entry at a path is the node runc creates
-    root = posixpath.normpath(settings.volume_mount_root)
+    root = container_path(settings.volume_mount_root)
     out: list[DeviceRequest] = []
     for a in allocs:
         src = f"{CHECKPOINT}:{a.resource}"
@@ -283,9 +282,9 @@ def _from_annotations(annotations: Mapping[str, str], prefixes: Sequence[str]) -
 def _from_mounts(config: OciConfig, root: str) -> list[DeviceRequest]:
     out, seen = [], set()
     for m in config.mounts:
-        dest = posixpath.normpath(m.destination)
+        dest = container_path(m.destination)
         if (
-            posixpath.normpath(m.source or "/") != "/dev/null"
+            host_source(m.source or "/", config.bundle) != "/dev/null"
             or not dest.startswith(root + "/")
             or dest in seen
         ):
@@ -400,6 +399,12 @@ def _mounts_vouched(
     carries that very mount, as the env needs the allocation. Where it cannot answer (absent,
     unreadable, corrupt, or DRA claims it does not list) they count as before, and a warning says so.
     """
+    if kubelet.state == "untrusted":  # nothing can vouch for a pod that has no trusted identity
+        for m in mounts:
+            dest = m.source.removeprefix("mount:")
+            warnings.append(f"{dest}: /dev/null volume mount ignored: no trusted pod identity")
+            ignored.append(f"mount {dest}")
+        return []
     pod = kubelet.pod
     where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
     if not bounded:
@@ -410,7 +415,7 @@ def _mounts_vouched(
             f"its checkpoint {kubelet.checkpoint} {state}"
         )
         return mounts
-    carried = {posixpath.normpath(c) for a in kubelet.allocations for c, _host in a.mounts if c}
+    carried = {container_path(c) for a in kubelet.allocations for c, _host in a.mounts if c}
     kept = []
     for m in mounts:
         dest = m.source.removeprefix("mount:")
@@ -428,6 +433,8 @@ def _mounts_vouched(
 
 def _env_refusal(kubelet: Kubelet, corroboration: str, value: str) -> str:
     """Why a Kubernetes container's visible-devices env is no request ('' when it counts)."""
+    if kubelet.state == "untrusted":  # a pod's own word is all there is: nothing vouches, not even siblings
+        return f"{VISIBLE_ENV}={value} ignored: no trusted pod identity ({kubelet.problem})"
     pod = kubelet.pod
     where = f"pod {pod.namespace or '?'}/{pod.name or pod.uid} container {pod.container}"
     if corroboration:  # plugin-only siblings (HAMi, MPS, gpustack) vouch, as outside Kubernetes
@@ -472,7 +479,7 @@ def collect(
     )
     checkpoint = [*_from_checkpoint(allocs, config, settings), *_from_dra(kubelet, config)]
     granting = _from_annotations(annotations, settings.cdi_annotation_prefixes)
-    mounts = _from_mounts(config, posixpath.normpath(settings.volume_mount_root))
+    mounts = _from_mounts(config, container_path(settings.volume_mount_root))
     if needs_kubelet and kubelet is not None and mounts:
         mounts = _mounts_vouched(mounts, kubelet, bounded, warnings, ignored)
     if not granting:

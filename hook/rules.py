@@ -28,6 +28,7 @@ __all__ = [
     "normalize",
     "matches",
     "covers",
+    "rule_number",
 ]
 
 
@@ -71,6 +72,15 @@ class DeviceType(StrEnum):
     BLOCK = "b"
 
 
+def rule_number(value: int | None) -> int | None:
+    """A rule's major or minor as the runtime matches it: ``None`` is ``*``, and so is any negative
+    number. runc turns an absent number into -1 and its eBPF filter checks a number only when it is
+    ``>= 0`` (opencontainers/cgroups ``devices/devicefilter.go``; its v1 emulator and systemd
+    driver treat -1 as ``*`` and the kernel's v1 parser refuses other negatives); crun's filter
+    does the same (``ebpf.c``, ``has_major = major >= 0``). Callers refuse numbers out of range."""
+    return None if value is None or value < 0 else value
+
+
 @record
 class Rule:
     allow: bool
@@ -106,8 +116,12 @@ _BITS = (Access.M, Access.R, Access.W)
 
 
 def matches(rule: Rule, type: DeviceType, major: int, minor: int) -> bool:
-    """Whether ``rule`` names the device ``type major:minor`` (access aside)."""
-    return rule.type in (DeviceType.ALL, type) and rule.major in (None, major) and rule.minor in (None, minor)
+    """Whether ``rule`` names the device ``type major:minor`` (access aside; a negative number is ``*``)."""
+    return (
+        rule.type in (DeviceType.ALL, type)
+        and (rule.major is None or rule.major < 0 or rule.major == major)
+        and (rule.minor is None or rule.minor < 0 or rule.minor == minor)
+    )
 
 
 def covers(outer: Rule, inner: Rule) -> bool:

@@ -303,7 +303,16 @@ def load_settings(path: Path, *, required: bool = False) -> Settings:
 
     The live hook compiles a custom file into ``FASTPATH_CACHE`` (see ``remember_for_fast_path``),
     so a later container reads that JSON instead of importing yaml; a stale entry is ignored.
+    The decider keeps the result while the file's identity holds (``hook.warm``).
     """
+    from hook import warm
+
+    return warm.remembered(
+        ("settings", str(path), required), warm.identity(path), lambda: _load_settings(path, required)
+    )
+
+
+def _load_settings(path: Path, required: bool) -> Settings:
     try:
         data = _read_file(path)
     except FileNotFoundError:

@@ -48,15 +48,25 @@ def fold_plan(config: dict[str, Any], plan: Plan, host: HostDevices | None = Non
 
 
 def _last_touching(rules: list[Any], rule: dict[str, Any]) -> Any:
-    """The last rule that decides any access for ``rule``'s device(s): an identical one makes it a no-op."""
+    """The last rule that decides any access for ``rule``'s device(s): an identical one makes it a no-op.
+    Read as runc does (``oci.parse_rule``): no type is ``a``, a negative number is ``*``."""
+    from hook.rules import rule_number
+
     for old in reversed(rules):
         if not isinstance(old, dict):
             continue
-        if (old.get("type", "a") in ("a", rule.get("type"))
-                and old.get("major") in (None, rule.get("major"))
-                and old.get("minor") in (None, rule.get("minor"))):
+        kind = old.get("type") or "a"
+        every = kind == "a" and old.get("allow") is True  # runc: "a" allows every device, numbers or not
+        major, minor = (None, None) if every else (_number(old.get("major")), _number(old.get("minor")))
+        if (kind in ("a", rule.get("type"))
+                and rule_number(major) in (None, rule.get("major"))
+                and rule_number(minor) in (None, rule.get("minor"))):
             return old
     return None
+
+
+def _number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _allow_list(rules: list[Any], devices: Iterable[Any], host: HostDevices) -> list[Any]:

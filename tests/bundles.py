@@ -47,7 +47,13 @@ ALLOW_ALL: list[dict[str, object]] = [{"allow": True, "access": "rwm"}]
 CARD0_UUID = "GPU-3f2b9c41-7d0e-4a6b-8c15-2e9f0a7b6d34"
 POD_UID = "6f1c3a2e-0d4b-4c5e-9a7f-2b8e1d3c4a50"
 CONTAINER = "worker"
-POD_ANNOTATIONS = {"io.kubernetes.cri.sandbox-uid": POD_UID, "io.kubernetes.cri.container-name": CONTAINER}
+POD_ANNOTATIONS = {
+    "io.kubernetes.cri.sandbox-id": "5f0c" * 16,
+    "io.kubernetes.cri.sandbox-uid": POD_UID,
+    "io.kubernetes.cri.container-name": CONTAINER,
+}
+# containerd's linux.cgroupsPath (cgroupfs driver): with sandbox-id, what names containerd (hook/podid.py)
+CONTAINERD_CGROUPS_PATH = f"/kubepods/besteffort/pod{POD_UID}/" + "4b2d" * 16
 
 
 def config(
@@ -65,6 +71,7 @@ def config(
         caps = ALL_CAPS if privileged else POD_CAPS
     if rules is None:
         rules = ALLOW_ALL if privileged else DEFAULT_RULES
+    containerd = "io.kubernetes.cri.sandbox-id" in (annotations or {})
     return gen.config(
         list(env),
         privileged=privileged,
@@ -73,6 +80,7 @@ def config(
         rules=list(rules),
         annotations=annotations,
         mounts=list(mounts or []),
+        cgroups_path=CONTAINERD_CGROUPS_PATH if containerd else "",
     )
 
 

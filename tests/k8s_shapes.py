@@ -22,6 +22,7 @@ NODE = TOPOLOGIES["4x-k8s"]
 GPUS = {g.index: g for g in NODE.gpus}  # by NVML index; GPUS[2].minor == 3
 POD_UID = "0b7e5d2c-4a91-4f3e-8c6d-1e2f3a4b5c6d"
 CONTAINER = "cuda"
+CONTAINER_ID = "9d3e" * 16  # the engine's id for the container: 64 hex, in its cgroupsPath
 IMAGE_ENV = [
     "PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "NVIDIA_VISIBLE_DEVICES=all",
@@ -51,8 +52,24 @@ def allow(d: dict[str, Any], access: str = "rwm") -> dict[str, Any]:
     return {"allow": True, "type": "c", "major": d["major"], "minor": d["minor"], "access": access}
 
 
-def annotations(engine: str, namespace: str = "ml", pod: str = "train-0", **extra: str) -> dict[str, str]:
-    """The pod identity each engine writes (containerd: io.kubernetes.cri.*; CRI-O: kubelet keys)."""
+POD_CGROUP = f"/kubepods/besteffort/pod{POD_UID}"
+
+
+def cgroups_path(engine: str, cid: str = CONTAINER_ID, parent: str = POD_CGROUP) -> str:
+    """``linux.cgroupsPath`` as each engine writes it with the cgroupfs driver: containerd
+    ``<parent>/<id>``, CRI-O ``<parent>/crio-<id>`` (what tells the engines apart: hook/podid.py)."""
+    if engine == "containerd":
+        return f"{parent}/{cid}"
+    if engine == "crio":
+        return f"{parent}/crio-{cid}"
+    raise ValueError(engine)
+
+
+def annotations(
+    engine: str, namespace: str = "ml", pod: str = "train-0", cid: str = CONTAINER_ID, **extra: str
+) -> dict[str, str]:
+    """The pod identity each engine writes (containerd: io.kubernetes.cri.*; CRI-O: kubelet keys
+    and its own io.kubernetes.cri-o.*, ``cid`` matching ``cgroups_path``)."""
     if engine == "containerd":
         base = {
             "io.kubernetes.cri.container-type": "container",
@@ -70,6 +87,7 @@ def annotations(engine: str, namespace: str = "ml", pod: str = "train-0", **extr
             "io.kubernetes.pod.uid": POD_UID,
             "io.kubernetes.container.name": CONTAINER,
             "io.kubernetes.cri-o.ContainerType": "container",
+            "io.kubernetes.cri-o.ContainerID": cid,
             "io.kubernetes.cri-o.Labels": json.dumps({"io.kubernetes.pod.namespace": namespace}),
         }
     else:

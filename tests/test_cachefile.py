@@ -297,3 +297,16 @@ def test_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
     d.chmod(0o700)
     assert cachefile.write(str(d), "f", b"1") is not None
     assert [p.name for p in d.iterdir()] == ["f"]
+
+
+def test_writes_and_reads_leave_no_descriptor_open(tmp_path: Path) -> None:
+    """Issue 24 (fresh mutant s530669-041: ``write`` without its ``os.close(dfd)``): the hook's
+    process goes on after a cache write (the fast path, the decider), so a leaked directory fd
+    per write adds up; success and failure both close everything."""
+    d = tmp_path / "c"
+    before = set(os.listdir("/proc/self/fd"))
+    assert cachefile.write(str(d), "f", b"1") is None
+    assert cachefile.read(str(d), "f", 100) == b"1"
+    (d / "g").mkdir()  # rename over a directory fails
+    assert cachefile.write(str(d), "g", b"1") is not None
+    assert set(os.listdir("/proc/self/fd")) == before

@@ -19,7 +19,8 @@ CORE = (
     "cdi/names.py",
 )
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
-SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py", "install.py"}  # install: installer's
+# install: the installer's; serve: the decider's own start and stop lines
+SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py", "install.py", "serve.py"}
 
 
 def imports(path: Path) -> set[str]:

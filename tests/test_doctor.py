@@ -86,7 +86,7 @@ def test_healthy_host_passes_every_check(host: dict[str, Path]) -> None:
     assert code == 0, checks
     assert [c["name"] for c in checks] == [
         "driver", "cdi", "cgroup", "hooks.d", "hooks.d order", "containerd", "settings", "kubelet",
-        "kubelet DRA",
+        "kubelet DRA", "decider",
     ]  # fmt: skip
     assert all(set(c) >= {"name", "ok", "detail"} for c in checks)
     by = _by_name(checks)
@@ -102,7 +102,7 @@ def test_text_checklist_marks_and_hints(host: dict[str, Path]) -> None:
     assert "✓ cgroup: v1 hybrid" in text
     assert "✗ driver: " in text and "no major for nvidia-uvm, nvidia-caps" in text
     assert "    fix: load the NVIDIA kernel modules" in text
-    assert text.splitlines()[-1] == "8 of 9 checks passed"
+    assert text.splitlines()[-1] == "9 of 10 checks passed"
 
 
 def test_driver_missing(host: dict[str, Path], tmp_path: Path) -> None:
@@ -332,3 +332,34 @@ def test_doctor_never_hangs_on_a_fifo_dra_state(host: dict[str, Path]) -> None:
     os.mkfifo(path)
     c = doctor.check_kubelet_dra(host["settings"], host["host"])
     assert not c.ok and "not a regular file" in c.detail
+
+
+def test_decider_check_says_whether_one_answers(tmp_path: Path, monkeypatch) -> None:
+    """Issue 23 item 4: none is fine; one answering shows version, uptime, requests; a socket
+    nobody answers on fails."""
+    import socket
+    import threading
+
+    from hook import client, serve
+
+    sockdir = tmp_path / "run"
+    sockdir.mkdir(mode=0o700)
+    monkeypatch.setattr(client, "SOCKET_DIR", str(sockdir))
+    none = doctor.check_decider()
+    assert none.ok and none.detail.startswith("not running")
+    d = serve.Decider(str(sockdir))
+    d.listen()
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        up = doctor.check_decider()
+    finally:
+        d.close()
+        t.join(5)
+    assert up.ok and up.detail.startswith(f"answering: version {serve.VERSION}, pid ")
+    assert " up " in up.detail and "0 request(s)" in up.detail
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sockdir / client.SOCKET_NAME))
+    down = doctor.check_decider()
+    stale.close()
+    assert not down.ok and "Connection refused" in down.detail

@@ -36,7 +36,7 @@ from tests.dra_shapes import (
     write_claim_spec,
 )
 from tests.hosttree import CAPS_MAJOR, NVIDIA_MAJOR, cap_minor, make_host_tree
-from tests.k8s_shapes import CONTAINER, POD_UID, annotations
+from tests.k8s_shapes import CONTAINER, POD_UID, annotations, cgroups_path
 
 CLAIM_A = "3f6b2a1c-8d4e-4f5a-9b6c-7d8e9f0a1b2c"
 CLAIM_B = "a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d"
@@ -176,7 +176,7 @@ def pod_config(
         "root": {"path": "rootfs"},
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
         "annotations": annotations(engine),
-        "linux": linux,
+        "linux": {"cgroupsPath": cgroups_path(engine), **linux},  # the engine's, as hook.podid reads it
     }
 
 

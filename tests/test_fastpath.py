@@ -140,3 +140,31 @@ def test_python_m_hook_entry_runs_the_hook() -> None:
     )
     assert (res.returncode, res.stderr) == (0, b"")
     assert res.stdout.startswith(b"hook (oci-device-hook) ")
+
+
+def test_two_stage_words_are_the_clis_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24 (fresh mutant s530669-052, ``len(positional) > 2``): ``hook prestart poststop`` is
+    not a live run of either stage: the CLI's usage error, before stdin is read."""
+    assert hook.entry._split(["prestart"]) == ({}, ["prestart"])
+    assert hook.entry._split(["prestart", "poststop"]) is None
+    assert hook.entry.main(["prestart", "poststop"]) == 2
+    assert "Usage: hook" in capsys.readouterr().err
+
+
+def test_an_internal_error_of_the_full_path_is_one_escaped_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24 (fresh mutant s530669-058: the line dropped, so the runtime saw exit 1 and no
+    reason): an unexpected exception on the full path is one line naming its type, escaped."""
+    import hook.live
+
+    def boom(opts: object, stdin: bytes, session: object = None) -> int:
+        raise RuntimeError("bad \x1b[2J value\nsecond line")
+
+    monkeypatch.setattr(hook.entry, "read_limited", lambda fd, limit: b"{}")
+    monkeypatch.setattr(hook.entry, "fast_path", lambda opts, stdin: False)
+    monkeypatch.setattr(hook.live, "run_live", boom)
+    assert hook.entry.main(["prestart"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("oci-device-hook: internal error: RuntimeError: bad ")
+    assert err.count("\n") == 1 and "\x1b" not in err

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hook.checkpoint import pod_of
+from hook.podid import identify
 from tests.bundles import (
     ALLOW_ALL,
     DEFAULT_RULES,
@@ -32,6 +32,7 @@ from tests.k8s_shapes import (
     POD_UID,
     allow,
     annotations,
+    cgroups_path,
     control_devs,
     env,
     gpu_dev,
@@ -80,6 +81,7 @@ def pod_config(
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, *(mounts or [])],
         "annotations": {**ann, **(extra_annotations or {})},
         "linux": {
+            "cgroupsPath": cgroups_path(engine),
             "devices": list(devices or []),
             "resources": {"devices": list(rules if rules is not None else DEFAULT_RULES)},
             "namespaces": [{"type": "pid"}, {"type": "mount"}],
@@ -131,7 +133,7 @@ def gpu_entry(resp: bytes, ids: list[str] | None = None, **kw: Any) -> dict[str,
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_both_engines_shapes_name_the_pod(engine: str) -> None:
-    pod = pod_of(annotations(engine, "gpu-operator", "dcgm-exporter-x"))
+    pod = identify(annotations(engine, "gpu-operator", "dcgm-exporter-x"), cgroups_path(engine)).pod
     assert pod is not None
     assert (pod.uid, pod.container, pod.namespace, pod.name) == (
         POD_UID,
@@ -141,10 +143,10 @@ def test_both_engines_shapes_name_the_pod(engine: str) -> None:
     )
 
 
-def test_disagreeing_namespace_keys_name_no_namespace() -> None:
+def test_disagreeing_namespace_keys_name_no_pod() -> None:
     ann = {**annotations("containerd", "ml"), "io.kubernetes.pod.namespace": "gpu-operator"}
-    pod = pod_of(ann)
-    assert pod is not None and pod.namespace == ""
+    ident = identify(ann, cgroups_path("containerd"))
+    assert ident.pod is None and "namespace" in ident.problem
 
 
 # --- image env, no allocation ----------------------------------------------------------------------

@@ -226,3 +226,40 @@ def test_u_device_is_char_and_rule_defaults() -> None:
     )
     assert c.devices[0].type == "c"
     assert c.resource_rules == (Rule(allow=True, type=DeviceType.ALL, access=Access.RWM),)
+
+
+def test_rule_number_minus_one_is_any_as_runc_reads_it() -> None:
+    """runc fills an absent major/minor with -1 (``devices.Wildcard``) and Docker writes
+    ``--device-cgroup-rule 'a *:* rwm'`` as major/minor -1: both mean ``*``. Read as the number -1,
+    such a rule looked narrower than what runc applies (issue 24: fresh mutant s530669-012,
+    ``allowlist.UNNAMED = -2``, survived because -1 rules matched the "unnamed" probes only)."""
+    from hook.requests import is_privileged
+
+    rules = [
+        {"allow": False, "access": "rwm"},
+        {"allow": True, "type": "a", "major": -1, "minor": -1, "access": "rwm"},
+        {"allow": True, "type": "c", "major": 195, "minor": -1, "access": "rw"},
+    ]
+    c = parse_config(cfg(linux={"resources": {"devices": rules}}), SRC, "/b")
+    assert c.resource_rules[1] == Rule(allow=True, type=DeviceType.ALL, access=Access.RWM)
+    assert c.resource_rules[2] == Rule(
+        allow=True, type=DeviceType.CHAR, major=195, access=Access.R | Access.W
+    )
+    assert c.resource_rules[2].v1_line() == "c 195:* rw"
+    assert is_privileged(c.resource_rules)
+
+
+def test_any_negative_rule_number_is_any_as_runc_and_crun_filter_it() -> None:
+    """runc's eBPF filter checks a number only when it is ``>= 0`` (opencontainers/cgroups
+    ``devicefilter.go``: ``hasMajor := rule.Major >= 0``), crun's likewise (``ebpf.c``); runc's v1
+    path refuses other negatives in the kernel. So -2 and -7 are ``*`` (issue 21 item 2), for an
+    allow and a deny alike, never a number that matches nothing."""
+    rules = [
+        {"allow": True, "type": "c", "major": -2, "access": "rw"},
+        {"allow": False, "type": "c", "minor": -7, "access": "w"},
+    ]
+    c = parse_config(cfg(linux={"resources": {"devices": rules}}), SRC, "/b")
+    assert c.resource_rules == (
+        Rule(allow=True, type=DeviceType.CHAR, access=Access.R | Access.W),
+        Rule(allow=False, type=DeviceType.CHAR, access=Access.W),
+    )

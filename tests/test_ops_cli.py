@@ -35,13 +35,22 @@ from tests.bundles import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+ENGINE_ID = "a1b2" * 16  # the container id the engine put in linux.cgroupsPath
+CGROUPS = {  # what tells the engines apart (hook/podid.py): a pod cannot write it
+    "containerd": f"/kubepods/podx/{ENGINE_ID}",
+    "cri-o": f"/kubepods/podx/crio-{ENGINE_ID}",
+}
 CONTAINERD_POD = {
+    "io.kubernetes.cri.sandbox-id": "5f0c" * 16,
+    "io.kubernetes.cri.sandbox-uid": "uid-a",
     "io.kubernetes.cri.sandbox-namespace": "team-a",
     "io.kubernetes.cri.sandbox-name": "trainer-0",
     "io.kubernetes.cri.container-name": "worker",
     "io.kubernetes.cri.container-type": "container",
 }
 CRIO_POD = {
+    "io.kubernetes.cri-o.ContainerID": ENGINE_ID,
+    "io.kubernetes.pod.uid": "uid-b",
     "io.kubernetes.pod.namespace": "team-b",
     "io.kubernetes.pod.name": "infer-1",
     "io.kubernetes.container.name": "server",
@@ -152,10 +161,11 @@ def test_cdi_kind_without_a_class_is_an_error(kind: str, tmp_path: Path) -> None
 # --- item 5: the log line ----------------------------------------------------------------------------
 
 
-def _priv_bundle(tmp: Path, annotations: dict[str, str]) -> Path:
+def _priv_bundle(tmp: Path, annotations: dict[str, str], cgroups: str = CGROUPS["containerd"]) -> Path:
     """A privileged container without a plugin allocation: the full path, verdict none, nothing applied."""
     cfg = config(privileged=True, devices=host_devices())
     cfg["annotations"] = dict(annotations)  # exactly these: no pod defaults from tests.bundles
+    cfg["linux"]["cgroupsPath"] = cgroups
     return write_bundle(tmp / "b", cfg)
 
 
@@ -172,7 +182,7 @@ def test_log_line_has_time_version_pod_and_engine(
 ) -> None:
     from hook.version import VERSION
 
-    bundle = _priv_bundle(tmp_path, annotations)
+    bundle = _priv_bundle(tmp_path, annotations, CGROUPS.get(engine, ""))
     before = datetime.now().astimezone()
     res = _live(tmp_path, state(bundle), "prestart", *node_args(), "--config", str(settings_file(tmp_path)))
     assert res.returncode == 0, res.stderr
@@ -186,24 +196,32 @@ def test_log_line_has_time_version_pod_and_engine(
     assert rec.get("pod") == pod
 
 
-def test_error_lines_carry_the_state_annotations(tmp_path: Path) -> None:
-    bundle = tmp_path / "gone"
-    res = _live(
-        tmp_path,
-        state(bundle, annotations=CONTAINERD_POD),
-        "prestart",
-        "--config",
-        str(settings_file(tmp_path)),
-    )
-    assert res.returncode == 1
+@pytest.mark.parametrize("readable", [True, False], ids=["config-read", "config-unparsable"])
+def test_error_lines_name_the_pod_only_as_the_config_tells_it(readable: bool, tmp_path: Path) -> None:
+    """An error after config.json was read names the pod; before, nothing tells the engine (its
+    linux.cgroupsPath is unknown), so the line names none rather than what the annotations claim."""
+    ann = {**CONTAINERD_POD, "cdi.k8s.io/x": "nvidia.com/gpu=no-such-device"}
+    bundle = _priv_bundle(tmp_path, ann)
+    if not readable:
+        cfg = json.loads((bundle / "config.json").read_text())
+        cfg["linux"]["devices"][0]["major"] = "x"
+        (bundle / "config.json").write_text(json.dumps(cfg))
+    args = ["prestart", *node_args(), "--config", str(settings_file(tmp_path))]
+    res = _live(tmp_path, state(bundle, annotations=ann), *args)
+    assert res.returncode == 1, res.stderr
     rec = json.loads((tmp_path / "hook.log").read_text())
-    assert rec["verdict"] == "error" and rec["pod"]["name"] == "trainer-0" and rec["engine"] == "containerd"
+    assert rec["verdict"] == "error"
+    if readable:
+        assert rec["pod"]["name"] == "trainer-0" and rec["engine"] == "containerd"
+    else:
+        assert "pod" not in rec and "engine" not in rec
 
 
 def test_pod_values_are_capped_and_stay_one_json_line(tmp_path: Path) -> None:
     from hook.logrecord import stamp
 
-    rec = stamp({"verdict": "none"}, {"io.kubernetes.pod.name": "x\n" * 400}, now=0.0)
+    ann = {**CRIO_POD, "io.kubernetes.pod.name": "x\n" * 400}
+    rec = stamp({"verdict": "none"}, ann, now=0.0, cgroups_path=CGROUPS["cri-o"])
     assert rec["time"] == "1970-01-01T00:00:00.000Z"
     assert len(rec["pod"]["name"]) <= 254
     assert "\n" not in json.dumps(rec)

@@ -178,6 +178,7 @@ def test_deb_contents(deb: Path) -> None:
         "/usr/share/doc/oci-device-hook/operators.md",
         "/usr/share/doc/oci-device-hook/engines/README.md",
         "/usr/share/doc/oci-device-hook/kubernetes/daemonset.yaml",
+        "/lib/systemd/system/oci-device-hook-decider.service",
     ):
         assert path in names, path
     assert not any(n.startswith("/usr/libexec/oci-device-hook/lib/bin") for n in names)
@@ -191,6 +192,11 @@ def test_deb_conffiles_and_scripts(deb: Path, tmp_path: Path) -> None:
     assert conffiles == ["/etc/oci-device-hook/config.yaml", "/etc/logrotate.d/oci-device-hook"]
     for name in ("postinst", "prerm", "postrm"):
         assert os.access(tmp_path / "control" / name, os.X_OK)
+    unit = "oci-device-hook-decider.service"
+    postinst = (tmp_path / "control/postinst").read_text()
+    assert f"systemctl enable {unit}" in postinst and f"systemctl restart {unit}" in postinst
+    assert f"systemctl stop {unit}" in (tmp_path / "control/prerm").read_text()
+    assert f"multi-user.target.wants/{unit}" in (tmp_path / "control/postrm").read_text()
 
 
 @needs_dpkg
@@ -279,7 +285,19 @@ def test_daemonset_is_schedulable_on_gpu_nodes() -> None:
     assert any(t.get("operator") == "Exists" for t in pod["tolerations"])
     for c in pod["containers"]:
         assert c["image"] and c["command"] and c["securityContext"]["privileged"] is True
-        assert c["lifecycle"]["preStop"]["exec"]["command"]
+    installer = next(c for c in pod["containers"] if c["name"] == "installer")
+    assert installer["lifecycle"]["preStop"]["exec"]["command"]
+
+
+def test_daemonset_runs_the_decider_in_the_host_pid_namespace(tmp_path: Path) -> None:
+    """Issue 23 item 4: the pod that installs the hook runs ``hook serve`` on the node."""
+    pod = _k8s_docs()["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    decider = next(c for c in pod["containers"] if c["name"] == "decider")
+    assert decider["command"] == ["/bin/sh", "/scripts/decider.sh"]
+    assert {m["name"] for m in decider["volumeMounts"]} == {"scripts", "host-root"}
+    script = _k8s_script("decider.sh", tmp_path).read_text()
+    assert 'exec chroot "$root" "$hook" serve' in script
 
 
 def test_daemonset_volumes_are_typed_and_mounted() -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 from hook.apply import devnodes, locate
 from hook.apply.cgroup_v1 import CgroupV1
 from hook.errors import ApplyError, HookError
+from hook.kpath import container_path
 from hook.plan import Plan
-from hook.record import field, record
+from hook.record import field, record, replace
 from hook.rules import Rule
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
@@ -125,7 +126,10 @@ def apply_plan(
             raise _fail(step, exc, undos, str(target.path)) from exc
     if plan.create or plan.remove:
         try:
-            undo = devnodes.apply(pid, plan.create, plan.remove, rootfs=rootfs, proc=proc, host_dev=host_dev)
+            # the paths runc created the nodes at: //dev/x is /dev/x (devnodes refuses any other spelling)
+            create = [replace(n, path=container_path(n.path)) for n in plan.create]
+            remove = [container_path(p) for p in plan.remove]
+            undo = devnodes.apply(pid, create, remove, rootfs=rootfs, proc=proc, host_dev=host_dev)
         except (HookError, OSError) as exc:
             raise _fail("device nodes", exc, undos) from exc
         undos.append(("device nodes", undo.run))

@@ -29,7 +29,7 @@ DEFAULT_SPEC_DIRS: Final = (Path("/etc/cdi"), Path("/var/run/cdi"))
 _SUFFIXES: Final = (".json", ".yaml")
 
 
-def _scan(dirs: Sequence[Path]) -> list[tuple[str, int]]:
+def spec_files(dirs: Sequence[Path]) -> list[tuple[str, int]]:
     """(path, priority) of every candidate spec file, in load order."""
     found: list[tuple[str, int]] = []
     for priority, directory in enumerate(dirs):
@@ -130,7 +130,7 @@ class Registry:
         cached = None if cache_path is None else cache.read(cache_path)
         entries: dict[str, tuple[int, cache.Entry]] = {}
         fresh: dict[str, bytes] = {}
-        for path, priority in _scan(dirs):
+        for path, priority in spec_files(dirs):
             entry = None
             if cached is not None:
                 try:

@@ -111,7 +111,21 @@ def _cached_minors(cache_dir: Path, key: list[object]) -> MigMinors | None:
 def _mig_minors(
     driver_root: Path, cache_dir: Path | None, key: list[object] | None
 ) -> tuple[MigMinors | None, str]:
-    """mig-minors from the cache when its key matches, else parsed from /proc (and cached if clean)."""
+    """mig-minors from the cache when its key matches, else parsed from /proc (and cached if clean).
+
+    The decider keeps the table under the same key (``hook.warm``): one driver build in one boot.
+    """
+    if key is not None:
+        from hook import warm
+
+        slot = ("mig-minors", str(driver_root), str(cache_dir))
+        return warm.remembered(slot, json.dumps(key), lambda: _minors_now(driver_root, cache_dir, key))
+    return _minors_now(driver_root, cache_dir, key)
+
+
+def _minors_now(
+    driver_root: Path, cache_dir: Path | None, key: list[object] | None
+) -> tuple[MigMinors | None, str]:
     if cache_dir is not None and key is not None:
         cached = _cached_minors(cache_dir, key)
         if cached is not None:
@@ -264,13 +278,18 @@ def load(
     nvml_module: ModuleType | Any | None = None,
 ) -> Inventory:
     """The host inventory: file > cache > /proc > NVML (see the module rule)."""
-    if inventory_file is not None:
-        return read_snapshot(inventory_file)
+    from hook import warm
+
+    if inventory_file is not None:  # the decider keeps it while the file keeps its identity
+        path = inventory_file
+        return warm.remembered(("inventory", str(path)), warm.identity(path), lambda: read_snapshot(path))
     proc = _read_proc(driver_root, cache_dir)
     key = cache_key(proc)
     notes: tuple[str, ...] = ()
     if cache_dir is not None and key is not None:
-        cached, note = read_cache(cache_dir, key)
+        where = cache_dir
+        seen = (json.dumps(key, sort_keys=True), warm.identity(where / CACHE_NAME))
+        cached, note = warm.remembered(("inventory-cache", str(where)), seen, lambda: read_cache(where, key))
         if cached is not None:
             return replace(cached, majors=proc.majors, caps=proc.caps, source="cache", warnings=proc.warnings)
         notes = (note,) if note else ()

@@ -151,6 +151,21 @@ def parse_mig_minors(text: str, source: str = MIG_MINORS_PATH) -> MigMinors:
     return MigMinors(by_name=by_name, warnings=tuple(warnings))
 
 
+_inverse: list[tuple[MigMinors, dict[int, str]]] = []  # the last table's minor -> name
+
+
+def _by_minor(minors: MigMinors) -> dict[int, str]:
+    """minor -> name of ``minors`` (the last name for a minor listed twice, as the inversion by
+    dict display always gave); the last table's is kept, so a resident decider inverts its
+    (kept) table once, not per decision."""
+    held = _inverse[0] if _inverse else None
+    if held is not None and held[0] is minors:
+        return held[1]
+    inverse = {minor: name for name, minor in minors.by_name.items()}
+    _inverse[:] = [(minors, inverse)]
+    return inverse
+
+
 def build_cap_table(
     minors: MigMinors, proc_caps: Mapping[str, CapNode], dev_caps: Mapping[int, CapNode]
 ) -> tuple[CapTable, tuple[str, ...]]:
@@ -173,7 +188,7 @@ def build_cap_table(
             )
         found[name] = node
     if dev_caps:
-        by_minor = {minor: name for name, minor in minors.by_name.items() if minor in dev_caps}
+        by_minor = _by_minor(minors)
         for minor, node in dev_caps.items():
             listed = by_minor.get(minor)
             if listed is not None and listed not in found:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hook.errors import InputError
@@ -204,13 +204,23 @@ def read_gpu_infos(driver_root: Path) -> tuple[GpuInfo, ...] | None:
     bus_dirs = list_gpu_bus_ids(driver_root)
     if bus_dirs is None:
         return None
+    from hook import warm
+
     infos = []
-    for bus in bus_dirs:
+    for bus in bus_dirs:  # the decider keeps each parsed file while its identity holds (hook.warm)
+        path = os.path.join(driver_root, GPUS_DIR, bus, "information")
+        infos.append(warm.remembered(("gpu-info", path), warm.identity(path), _gpu_info(driver_root, bus)))
+    return tuple(sorted(infos, key=lambda i: i.pci_bus_id))
+
+
+def _gpu_info(driver_root: Path, bus: str) -> Callable[[], GpuInfo]:
+    def load() -> GpuInfo:
         rel = f"{GPUS_DIR}/{bus}/information"
         text = read_text(driver_root, rel, required=True)
         assert text is not None
-        infos.append(parse_gpu_information(text, os.path.join(driver_root, rel), bus))
-    return tuple(sorted(infos, key=lambda i: i.pci_bus_id))
+        return parse_gpu_information(text, os.path.join(driver_root, rel), bus)
+
+    return load
 
 
 def read_mig_minors(driver_root: Path) -> MigMinors | None:
@@ -255,19 +265,29 @@ def _existing_cap_names(caps_dir: Path) -> list[str]:
 
 
 def _read_proc_caps(driver_root: Path, wanted: Mapping[str, int] | set[str]) -> dict[str, CapNode]:
+    from hook import warm
+
     out: dict[str, CapNode] = {}
     root = str(driver_root)
     for name in _existing_cap_names(driver_root / CAPS_PROC_DIR):
-        if name in wanted:
+        if name in wanted:  # the decider keeps each parsed file while its identity holds (hook.warm)
             path = os.path.join(root, proc_cap_path(name))
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    text: str | None = f.read()
-            except OSError:
-                text = read_text(driver_root, proc_cap_path(name), required=True)  # names the error
-            assert text is not None
-            out[name] = parse_cap_file(text, path)
+            load = _cap_file(driver_root, name, path)
+            out[name] = warm.remembered(("cap-file", path), warm.identity(path), load)
     return out
+
+
+def _cap_file(driver_root: Path, name: str, path: str) -> Callable[[], CapNode]:
+    def load() -> CapNode:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text: str | None = f.read()
+        except OSError:
+            text = read_text(driver_root, proc_cap_path(name), required=True)  # names the error
+        assert text is not None
+        return parse_cap_file(text, path)
+
+    return load
 
 
 def _read_dev_caps(driver_root: Path) -> dict[int, CapNode]:

@@ -166,3 +166,21 @@ def test_a_config_with_the_very_node_is_already_served(tmp_path: Path, capsys: A
     rc, rep, err = simulate(bundle, *args, capsys=capsys)
     assert (rc, err, rep["verdict"]) == (0, "", "none")
     assert rep["reason"] == "the container already has exactly what it asked for"
+
+
+def test_odd_json_values_in_the_config_are_compared_not_raised_on() -> None:
+    """A config's env, hooks and gids may hold any JSON value (runc never reads some of them):
+    comparing against them must not raise (an unhashable value once made a traceback)."""
+    hook = Hook(hook_name="prestart", path="/x")
+    cfg = _base()
+    cfg["process"]["env"] = [{"a": 1}, "A=1"]
+    cfg["process"]["user"]["additionalGids"] = [[1], 5]
+    cfg["hooks"] = {"prestart": [{"path": {"x": 1}, "args": [{}]}, "junk"], "poststop": "junk"}
+    rest = pending(cfg, ContainerEdits(env=("A=1",), hooks=(hook,), additional_gids=(5, 6)))
+    assert (rest.env, rest.hooks, rest.additional_gids) == ((), (hook,), (6,))
+
+
+def test_u_is_a_char_device_as_runc_reads_it() -> None:
+    node = CdiDeviceNode(path=PATH, type="c", major=10, minor=1)
+    assert pending(_base([_dev("u", 10, 1)]), ContainerEdits(device_nodes=(node,))).is_empty()
+    assert pending(_base([_dev("u", 10, 1)]), ContainerEdits(device_nodes=(CDI_NODE,))).device_nodes

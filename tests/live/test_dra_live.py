@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from tests.dra_shapes import (
     write_claim_spec,
 )
 from tests.hosttree import CAPS_MAJOR, cap_minor, make_host_tree
-from tests.k8s_shapes import CONTAINER, GPUS, POD_UID, annotations, write_cdi
+from tests.k8s_shapes import CONTAINER, GPUS, POD_UID, annotations, cgroups_path, write_cdi
 from tests.live.livekit import build_bundle, hook, parse_probe, probe_args, run_container
 from tests.live.test_hook_scenarios import CAPS, plant
 
@@ -81,8 +82,10 @@ class Node:
             devices=host_devices(self.minors, sorted({1, 2, *caps})),
             cgroup_devices=[{"allow": True, "access": "rwm"}],
             env=["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"],
-            annotations=annotations(engine),
+            annotations=annotations(engine, cid=(cid := uuid.uuid4().hex * 2)),
         )
+        # the engine's own cgroupsPath (what hook.podid tells the engine by), in the scratch tree
+        b.config["linux"]["cgroupsPath"] = cgroups_path(engine, cid, parent="/odh-live")
         inject(b.config["linux"], injected)
         all_caps = [*CAPS, "CAP_SYS_ADMIN"]
         b.config["process"]["capabilities"] = {k: all_caps for k in ("bounding", "effective", "permitted")}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from tests.k8s_shapes import (
     MOUNT_ROOT,
     POD_UID,
     annotations,
+    cgroups_path,
     env,
     null_mount,
     nvidia_runtime,
@@ -79,7 +81,8 @@ def pod(
     """An unprivileged pod container running the CUDA-style image (env ``all``) with the real hook."""
     args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(node["root"])]
     args += ["--config", str(settings(node, ckpt)), "--cdi-spec-dir", str(node["cdi"])]
-    ann = annotations(engine, namespace) if k8s else {}
+    cid = uuid.uuid4().hex * 2  # the engine's 64-hex container id, in cgroupsPath (hook/podid.py)
+    ann = annotations(engine, namespace, cid=cid) if k8s else {}
     b = build_bundle(
         bundle_dir,
         probe_args([*GPU_NODES, "/dev/nvidiactl", *PLANTED]),
@@ -88,6 +91,7 @@ def pod(
         annotations={**ann, **(extra_annotations or {})},
     )
     b.config["process"]["capabilities"] = {k: CAPS for k in ("bounding", "effective", "permitted")}
+    b.config["linux"]["cgroupsPath"] = cgroups_path(engine, cid, parent="/odh-live")
     b.config["mounts"] += list(mounts)
     if runtime:
         nvidia_runtime(b.config, runtime, list(GPUS), "/bin/true")

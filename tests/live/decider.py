@@ -1,0 +1,64 @@
+"""Live-test kit for the warm decider: run a container with ``hook serve`` up in the same private view.
+
+Rule: the decider runs inside the private mount namespace ``livekit.private_host`` builds, so its
+socket is under that namespace's throwaway ``/run`` (never the host's), and it is stopped (and
+its status read through ``hook.client``) before the namespace goes. ``serve_wrap`` may put a
+command (``strace``) before it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.live.livekit import RUNC, Bundle, RunResult, _quote, private_host, runc_command
+
+SOCKET = "/run/oci-device-hook/decider.sock"
+WAIT = f"i=0; while [ ! -S {SOCKET} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
+STATUS = (
+    "import json, sys; from hook import client; s = client.status(); "
+    "print(json.dumps(s if isinstance(s, dict) else {'error': s}))"
+)
+
+
+def with_decider(
+    cmd: Sequence[str], out: Path, *, serve_wrap: Sequence[str] = (), extra: Sequence[str] = ()
+) -> list[str]:
+    """``cmd`` run while a decider serves; its status JSON goes to ``out`` (``out``.err: its stderr)."""
+    serve = " ".join(map(_quote, [*serve_wrap, sys.executable, "-I", "-m", "hook", "serve"]))
+    status = " ".join(map(_quote, [sys.executable, "-I", "-c", STATUS]))
+    script = (
+        f"{serve} >/dev/null 2>{_quote(str(out))}.err & d=$!\n"
+        f"{WAIT}\n"
+        + "".join(f"{line}\n" for line in extra)
+        + '"$@" </dev/null; rc=$?\n'
+        f"{status} > {_quote(str(out))}\n"
+        # the decider itself too: under strace, $d is strace, which leaves it running when it goes
+        f"p=$(sed -n 's/.*\"pid\": \\([0-9]*\\).*/\\1/p' {_quote(str(out))})\n"
+        "kill $d $p 2>/dev/null; wait $d\n"
+        "exit $rc\n"
+    )
+    return ["sh", "-c", script, "with-decider", *cmd]
+
+
+def run_served(
+    bundle: Bundle, out: Path, *, cgroup2: bool = False, serve_wrap: Sequence[str] = (), timeout: float = 90
+) -> tuple[RunResult, dict[str, object]]:
+    """``runc run`` the bundle with a decider up; the result and the decider's status afterwards."""
+    state_root = bundle.path / "runc-state"
+    cmd = private_host(with_decider(runc_command(bundle, state_root), out, serve_wrap=serve_wrap),
+                       cgroup2=cgroup2)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        res = RunResult(proc.returncode, proc.stdout, proc.stderr)
+    finally:
+        delete = [RUNC, "--root", str(state_root), "delete", "-f", bundle.id]
+        subprocess.run(private_host(delete, cgroup2=cgroup2), capture_output=True, timeout=30)
+    try:
+        status = json.loads(out.read_text())
+    except (OSError, ValueError):
+        status = {"error": "no status"}
+    return res, status

@@ -1,0 +1,194 @@
+"""Issue 23 with real runc (cgroup v1 and v2): a container decided by the warm decider ends exactly
+as one decided in-process (same probes: cgroup and /dev; same log record), the decider notices a
+changed spec file, inventory or settings between two starts, and a decider killed at an apply
+step leaves the container refused, never half-applied.
+
+The decider runs in the container's private host view (``tests.live.decider``); its status
+(request count) proves it served, so a silent fallback cannot pass for a served start.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.live.decider import run_served, with_decider
+from tests.live.livekit import Bundle, build_bundle, parse_probe, private_host, probe_args, run_container
+from tests.live.test_hook_scenarios import (
+    CAPS_MAJOR,
+    MIG_UUID,
+    OWN_CI,
+    OWN_GI,
+    REPO,
+    SIBLING_GI,
+    SLICE_UUID,
+    privileged,
+    slice_pod,
+    the_hook,
+)
+
+V1V2 = pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+VOLATILE = ("time", "program_ids")  # a clock, and kernel-assigned eBPF program ids
+
+
+def records(log: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        rec = json.loads(line)
+        for key in VOLATILE:
+            rec.pop(key, None)
+        out.append(rec)
+    return out
+
+
+def mig_pod(bundle_dir: Path, host: dict[str, Path]) -> Bundle:
+    own = [f"/dev/nvidia-caps/nvidia-cap{m}" for m in (OWN_GI, OWN_CI)]
+    return privileged(
+        bundle_dir,
+        host,
+        [],
+        ["/dev/nvidia0", *own, "/dev/nvidia1", f"/dev/nvidia-caps/nvidia-cap{SIBLING_GI}", "/tmp/sib"],
+        mknods=[("/tmp/sib", CAPS_MAJOR, SIBLING_GI)],
+        annotations={"cdi.k8s.io/nvidia-device-plugin_x": f"nvidia.com/gpu={MIG_UUID}"},
+        cdi=(REPO / "examples" / "node" / "cdi",),
+    )
+
+
+def plain(bundle_dir: Path, host: dict[str, Path]) -> Bundle:
+    return build_bundle(bundle_dir, probe_args(["/dev/null", "/dev/nvidia0"]), hooks=the_hook(host))
+
+
+# maker, verdict; each start is served: a fresh private /run holds no fast-path record for the
+# test's custom settings, so even the plain container takes the full path (decided "none")
+CASES = {"slice": (slice_pod, "apply"), "mig": (mig_pod, "apply"), "plain": (plain, "none")}
+
+
+@V1V2
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_served_and_in_process_starts_are_identical(
+    bundle_dir: Path, host: dict[str, Path], tmp_path: Path, case: str, cgroup2: bool
+) -> None:
+    make, verdict = CASES[case]
+    b = make(bundle_dir, host)
+    alone = run_container(b, cgroup2=cgroup2)
+    with_it, status = run_served(b, tmp_path / "status.json", cgroup2=cgroup2)
+    assert alone.rc == with_it.rc == 0, (alone.stderr, with_it.stderr)
+    assert parse_probe(alone.stdout) == parse_probe(with_it.stdout)
+    assert parse_probe(alone.stdout)  # the probes ran
+    assert status.get("requests") == 1, status  # the decider served it
+    first, second = records(host["log"])
+    assert first == second and first["verdict"] == verdict
+
+
+def two_starts(b1: Bundle, b2: Bundle, change: str, out: Path) -> tuple[int, int, dict[str, Any]]:
+    """Start ``b1``, run the shell line ``change``, start ``b2``, all under one decider."""
+    from tests.live.livekit import RUNC, _quote
+
+    def run(b: Bundle, name: str) -> str:
+        cmd = [RUNC, "--root", str(b.path / "runc-state"), "run", "--bundle", str(b.path), b.id]
+        delete = [RUNC, "--root", str(b.path / "runc-state"), "delete", "-f", b.id]
+        return (
+            " ".join(map(_quote, cmd)) + f" > {out}.{name} 2>&1 </dev/null; echo $? >> {out}.rc; "
+            + " ".join(map(_quote, delete)) + " >/dev/null 2>&1"
+        )
+
+    script = f"{run(b1, 'one')}; {change}; {run(b2, 'two')}"
+    cmd = private_host(with_decider(["sh", "-c", script], out))
+    import subprocess
+
+    subprocess.run(cmd, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    rc1, rc2 = (int(x) for x in Path(f"{out}.rc").read_text().split())
+    return rc1, rc2, json.loads(out.read_text())
+
+
+def test_a_removed_spec_file_is_seen_at_the_next_start(host: dict[str, Path], tmp_path: Path) -> None:
+    specs = tmp_path / "cdi"
+    shutil.copytree(REPO / "examples" / "node" / "cdi", specs)
+    makes = []
+    for name in ("b1", "b2"):
+        b = mig_pod(tmp_path / name, host)
+        b.config["hooks"] = the_hook(host, specs)
+        makes.append(b.write())
+    rc1, rc2, status = two_starts(*makes, f"rm -f {specs}/*", tmp_path / "status.json")
+    assert (rc1, status["requests"]) == (0, 2), status
+    assert rc2 != 0  # its CDI device is gone: refused, not decided from the old registry
+    assert "unresolvable CDI devices" in Path(f"{tmp_path / 'status.json'}.two").read_text()
+
+
+def test_a_changed_inventory_is_seen_at_the_next_start(host: dict[str, Path], tmp_path: Path) -> None:
+    """The slice's card leaves the driver's /proc (a GPU gone, a MIG reconfiguration)."""
+    gpus = host["root"] / "proc" / "driver" / "nvidia" / "gpus"
+    card = next(d for d in gpus.iterdir() if SLICE_UUID in (d / "information").read_text())
+    b1, b2 = slice_pod(tmp_path / "b1", host), slice_pod(tmp_path / "b2", host)
+    rc1, rc2, status = two_starts(b1, b2, f"mv {card} {tmp_path}/gone", tmp_path / "status.json")
+    assert (rc1, status["requests"]) == (0, 2), status
+    assert rc2 != 0
+    assert SLICE_UUID in Path(f"{tmp_path / 'status.json'}.two").read_text()
+
+
+def test_changed_settings_are_seen_at_the_next_start(host: dict[str, Path], tmp_path: Path) -> None:
+    """The second start logs where the edited settings say (a kept view would log to the old file)."""
+    b1, b2 = slice_pod(tmp_path / "b1", host), slice_pod(tmp_path / "b2", host)
+    moved = tmp_path / "moved.log"
+    edit = f"sed -i 's#^log_file: .*#log_file: {moved}#' {host['settings']}"
+    rc1, rc2, status = two_starts(b1, b2, edit, tmp_path / "status.json")
+    assert (rc1, rc2, status["requests"]) == (0, 0, 2), status
+    assert len(records(host["log"])) == 1 and len(records(moved)) == 1
+
+
+STRACE = shutil.which("strace")
+# (syscall, when, cgroup file for -P): apply steps of the MIG pod; SIGKILL to the decider there
+# (the node changes run in a child the decider forks into the container's namespace: the decider
+# itself is killed at its wait4 for that child, i.e. with the nodes changed and nothing logged)
+KILLS_V1 = [
+    ("write", "1", "devices.deny"),
+    ("write", "9", "devices.deny"),
+    ("wait4", "1", ""),
+]
+KILLS_V2 = [("bpf", "5", ""), ("wait4", "1", "")]
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed")
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_a_decider_killed_at_an_apply_step_refuses_the_container(tmp_path: Path, cgroup2: bool) -> None:
+    """As tests/live/test_chaos.py, with the decider (not the hook) SIGKILLed at each apply step:
+    the container is refused (the hook never redoes it in-process), the host is unchanged."""
+    from tests.live import test_chaos as chaos
+
+    world = {"tmp": tmp_path, "root": tmp_path / "driver-root", "settings": tmp_path / "settings.yaml"}
+    chaos.make_host_tree(world["root"], "8x-mig", mknod=True)
+    world["settings"].write_text(f"log_file: {tmp_path}/hook.log\ncache_dir: {tmp_path}/cache\n")
+    before = chaos.snapshot(v2=cgroup2)
+    outcomes = {}
+    for i, (syscall, when, path) in enumerate(KILLS_V2 if cgroup2 else KILLS_V1):
+        b = chaos.mig_pod(tmp_path / f"b{i}", world, [])
+        cid = b.id
+        b.config["linux"]["cgroupsPath"] = b.cgroups_path = f"/odh-live/{cid}"
+        b.config["hooks"]["prestart"][0]["env"] = [*b.config["hooks"]["prestart"][0]["env"],
+                                                   "OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS=3000"]
+        b.write()
+        wrap = [STRACE, "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}",
+                "-e", f"inject={syscall}:signal=SIGKILL:when={when}"]
+        for name in path.split():
+            wrap += ["-P", str(chaos.V1_DEVICES / "odh-live" / cid / name)]
+        res, status = run_served(b, tmp_path / f"status{i}.json", cgroup2=cgroup2, serve_wrap=wrap)
+        what = f"{syscall}:when={when}"
+        seen = parse_probe(res.stdout)
+        print(what, res.rc, seen, res.stderr[-400:], status)
+        outcomes[what] = "full" if seen else "refused"
+        if seen:  # the kill missed the apply: then it must be whole
+            assert res.rc == 0 and seen == chaos.FULL_PLAN, what
+        else:
+            assert res.rc != 0
+            assert "the decider ended while applying" in res.stderr, (what, res.stderr)
+            assert "decided in-process" not in res.stderr
+        assert chaos.snapshot(v2=cgroup2) == before, f"{what}: the host changed"
+        for cg in (chaos.V1_DEVICES / "odh-live" / cid, chaos.V2_ROOT / "odh-live" / cid):
+            assert not cg.exists(), f"{cg} left behind"
+    assert "refused" in outcomes.values(), outcomes
+    print(outcomes, file=sys.stderr)

@@ -1,0 +1,199 @@
+"""Issue 21, item 1: the pod identity comes from the keys of the engine that wrote the config.
+
+CRI-O copies a pod's annotations into every container's config and overwrites only its own keys;
+containerd passes allowed pod annotations through before writing its own. The engine is told by
+``linux.cgroupsPath`` (which a pod cannot write) with its own marks. Each case below names the
+victim's pod through the other engine's keys and was answered with the victim's identity (or
+its namespace, in the log) by the code before this round.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hook.logrecord import stamp
+from hook.podid import CONTAINERD, CRIO, cgroup_engine, identify
+from tests.bundles import alloc_resp, checkpoint, checkpoint_entry
+from tests.hosttree import make_host_tree
+from tests.k8s_shapes import CONTAINER, CONTAINER_ID, GPUS, POD_UID, annotations, cgroups_path, write_cdi
+from tests.test_k8s import pod_config, run
+
+UUID2 = GPUS[2].uuid
+ATTACKER = "11111111-2222-3333-4444-555555555555"
+VICTIM_KEYS_CONTAINERD = {  # what a CRI-O pod writes as its own annotations
+    "io.kubernetes.cri.sandbox-uid": POD_UID,
+    "io.kubernetes.cri.container-name": CONTAINER,
+    "io.kubernetes.cri.sandbox-namespace": "ml",
+    "io.kubernetes.cri.sandbox-name": "train-0",
+}
+VICTIM_KEYS_CRIO = {  # what a containerd pod passes through (pod_annotations = ["*"])
+    "io.kubernetes.pod.uid": POD_UID,
+    "io.kubernetes.container.name": CONTAINER,
+    "io.kubernetes.pod.namespace": "ml",
+    "io.kubernetes.pod.name": "train-0",
+}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("k8s-node")
+    make_host_tree(base / "root", "4x-k8s", mknod=True)
+    return {"root": base / "root", "cdi": write_cdi(base / "cdi")}
+
+
+def attacker(engine: str, victim: dict[str, str], **own: str) -> dict[str, str]:
+    """Pod ``evil/x`` (its engine's own keys) that also carries the victim's keys of the other engine."""
+    return {**annotations(engine, "evil", "x", **own), **victim, **_own_uid(engine)}
+
+
+def _own_uid(engine: str) -> dict[str, str]:
+    key = "io.kubernetes.pod.uid" if engine == "crio" else "io.kubernetes.cri.sandbox-uid"
+    return {key: ATTACKER}
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (f"/kubepods/burstable/pod{POD_UID}/{CONTAINER_ID}", (CONTAINERD, CONTAINER_ID)),
+        (f"kubepods-burstable-podx.slice:cri-containerd:{CONTAINER_ID}", (CONTAINERD, CONTAINER_ID)),
+        (f"/kubepods/burstable/pod{POD_UID}/crio-{CONTAINER_ID}", (CRIO, CONTAINER_ID)),
+        (f"kubepods-burstable-podx.slice:crio:{CONTAINER_ID}", (CRIO, CONTAINER_ID)),
+        ("machine.slice:libpod:abc", ("", "")),
+        ("/libpod_parent/libpod-abc", ("", "")),
+        ("/odh-live/odh-1234", ("", "")),
+        ("", ("", "")),
+    ],
+)
+def test_the_cgroups_path_tells_the_engine(path: str, expected: tuple[str, str]) -> None:
+    assert cgroup_engine(path) == expected
+
+
+def test_a_crio_pod_naming_a_victim_through_containerds_keys_has_no_identity() -> None:
+    ident = identify(attacker("crio", VICTIM_KEYS_CONTAINERD), cgroups_path("crio"))
+    assert ident.pod is None and ident.engine == CRIO
+    assert "disagree" in ident.problem and "pod UID" in ident.problem
+
+
+def test_a_crio_pod_naming_a_sibling_container_has_no_identity() -> None:
+    ann = {**annotations("crio"), "io.kubernetes.cri.container-name": "sibling"}
+    ident = identify(ann, cgroups_path("crio"))
+    assert ident.pod is None and "container name" in ident.problem
+
+
+def test_a_containerd_pod_naming_a_victim_through_crios_keys_has_no_identity() -> None:
+    ident = identify(attacker("containerd", VICTIM_KEYS_CRIO), cgroups_path("containerd"))
+    assert ident.pod is None and ident.engine == CONTAINERD and "disagree" in ident.problem
+
+
+@pytest.mark.parametrize("engine", ["containerd", "crio"])
+def test_identity_keys_without_the_engines_marks_are_no_identity(engine: str) -> None:
+    ann = annotations(engine)
+    ann.pop("io.kubernetes.cri.sandbox-id", None)
+    ann.pop("io.kubernetes.cri-o.ContainerID", None)
+    ident = identify(ann, cgroups_path(engine))
+    assert ident.pod is None and "cannot be told" in ident.problem
+    other = "crio" if engine == "containerd" else "containerd"  # the other engine's cgroup shape
+    assert identify(annotations(engine), cgroups_path(other)).pod is None
+
+
+def test_crios_container_id_must_match_its_cgroup() -> None:
+    ann = annotations("crio", cid="f" * 64)
+    assert identify(ann, cgroups_path("crio")).pod is None
+
+
+@pytest.mark.parametrize("engine", ["containerd", "crio"])
+def test_each_engine_alone_is_read_as_before(engine: str) -> None:
+    pod = identify(annotations(engine), cgroups_path(engine)).pod
+    assert pod is not None and (pod.uid, pod.container, pod.namespace, pod.name) == (
+        POD_UID,
+        CONTAINER,
+        "ml",
+        "train-0",
+    )
+
+
+def test_the_log_line_is_never_filed_under_the_victims_namespace() -> None:
+    """A CRI-O pod in ``evil`` that sets containerd's namespace key: its lines went to ``ml``."""
+    ann = {**annotations("crio", "evil", "x"), "io.kubernetes.cri.sandbox-namespace": "ml"}
+    rec = stamp({"verdict": "none"}, ann, now=0.0, cgroups_path=cgroups_path("crio"))
+    assert rec.get("pod", {}).get("namespace") != "ml"
+    own = stamp({}, annotations("crio", "evil", "x"), now=0.0, cgroups_path=cgroups_path("crio"))
+    assert own["pod"] == {"namespace": "evil", "name": "x", "container": CONTAINER}
+    assert own["engine"] == "cri-o"
+
+
+def victim_allocation() -> bytes:
+    resp = alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": UUID2})
+    entry = checkpoint_entry("nvidia.com/gpu", [UUID2], resp, pod_uid=POD_UID, container=CONTAINER)
+    return checkpoint([entry])
+
+
+@pytest.mark.parametrize(
+    ("engine", "victim"),
+    [("crio", VICTIM_KEYS_CONTAINERD), ("containerd", VICTIM_KEYS_CRIO)],
+    ids=["crio-pod-with-containerd-keys", "containerd-pod-with-crio-keys"],
+)
+def test_the_victims_allocation_never_reaches_the_attacker(
+    engine: str, victim: dict[str, str], tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """The issue's reproduction in simulation: the attacker asks for the victim's GPU by env."""
+    env = [f"NVIDIA_VISIBLE_DEVICES={UUID2}"]
+    cfg = pod_config(engine, cri_env=env, extra_annotations=attacker(engine, victim))
+    rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
+    assert (rep["verdict"], rep["requests"], rep["nodes"]["create"]) == ("none", [], []), rep
+    assert rep["kubernetes"]["checkpoint_state"] == "untrusted"
+    assert rep["kubernetes"]["identity_problem"]
+    assert any(w.startswith("no trusted pod identity:") for w in rep["warnings"])
+    ignored = f"NVIDIA_VISIBLE_DEVICES={UUID2} ignored: no trusted pod identity"
+    assert any(ignored in w for w in rep["warnings"])
+
+
+def test_the_victim_itself_still_gets_its_gpu(tmp_path: Path, node: dict[str, Path], capsys: Any) -> None:
+    cfg = pod_config("crio", cri_env=[f"NVIDIA_VISIBLE_DEVICES={UUID2}"])
+    rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
+    assert rep["verdict"] == "apply" and rep["kubernetes"]["engine"] == "cri-o"
+    assert "/dev/nvidia3" in [n["path"] for n in rep["nodes"]["create"]]
+
+
+def test_precreate_hands_the_attacker_no_gpu(tmp_path: Path, node: dict[str, Path]) -> None:
+    """Spec level: ``hook precreate`` used to add the victim's ``/dev/nvidia3`` and sign it."""
+    import json
+
+    from tests.bundles import settings_file
+    from tests.test_precreate import precreate
+
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_bytes(victim_allocation())
+    settings = settings_file(tmp_path, kubelet_checkpoint=str(ckpt))
+    args = ["--driver-root", str(node["root"]), "--cdi-spec-dir", str(node["cdi"]), "--config", str(settings)]
+    env = [f"NVIDIA_VISIBLE_DEVICES={UUID2}"]
+    cfg = pod_config("crio", cri_env=env, extra_annotations=attacker("crio", VICTIM_KEYS_CONTAINERD))
+    cfg["linux"]["cgroupsPath"] = cgroups_path("crio")
+    data = json.dumps(cfg).encode()
+    res = precreate({"args": args}, data)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == data  # unchanged: no node, no rule, no marker
+    record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
+    assert record["kubernetes"]["checkpoint_state"] == "untrusted" and "pod" not in record
+
+
+def test_an_untrusted_pod_gets_nothing_from_a_dev_null_mount(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """The volume-mounts strategy's ``/dev/null`` mount is pod-writable too: without a trusted
+    identity nothing vouches for it."""
+    from tests.k8s_shapes import MOUNT_ROOT, null_mount
+
+    env = [f"NVIDIA_VISIBLE_DEVICES={MOUNT_ROOT}"]
+    cfg = pod_config(
+        "crio",
+        cri_env=env,
+        mounts=[null_mount(f"{MOUNT_ROOT}/{UUID2}")],
+        extra_annotations=attacker("crio", VICTIM_KEYS_CONTAINERD),
+    )
+    rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
+    assert (rep["verdict"], rep["requests"], rep["nodes"]["create"]) == ("none", [], []), rep
+    assert any("volume mount ignored: no trusted pod identity" in w for w in rep["warnings"])
