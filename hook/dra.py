@@ -222,7 +222,16 @@ def _claim(e: object, source: str, field: str, legacy: bool) -> Claim:
     )
 
 
-def _current(outer: dict[str, object], source: str) -> DraState:
+def _mine(e: object, pod_uid: str | None) -> bool:
+    """Whether a raw entry is to be decoded: every entry without ``pod_uid``; else the pod's own
+    and any malformed one (decoded, so reported): other pods' claims cost no records."""
+    if pod_uid is None or not isinstance(e, dict):
+        return True
+    uids = e.get("PodUIDs")
+    return not isinstance(uids, dict) or pod_uid in uids
+
+
+def _current(outer: dict[str, object], source: str, pod_uid: str | None) -> DraState:
     data, checksum = outer.get("Data"), outer.get("Checksum")
     if not isinstance(data, str):
         raise InputError(source, "Data", "expected the checkpoint's JSON text")
@@ -253,23 +262,28 @@ def _current(outer: dict[str, object], source: str) -> DraState:
     entries = inner.get(key) or []
     if not isinstance(entries, list):
         raise InputError(source, f"Data.{key}", "expected a list")
-    claims = tuple(_claim(e, source, f"Data.{key}[{i}]", False) for i, e in enumerate(entries))
+    claims = tuple(
+        _claim(e, source, f"Data.{key}[{i}]", False) for i, e in enumerate(entries) if _mine(e, pod_uid)
+    )
     return DraState(claims=claims, verified=True)
 
 
-def _legacy(outer: dict[str, object], source: str) -> DraState:
+def _legacy(outer: dict[str, object], source: str, pod_uid: str | None) -> DraState:
     if outer.get("version") != "v1":
         raise InputError(source, "version", f"expected 'v1', got {outer.get('version')!r}")
     entries = outer.get("entries") or []
     if not isinstance(entries, list):
         raise InputError(source, "entries", "expected a list")
-    claims = tuple(_claim(e, source, f"entries[{i}]", True) for i, e in enumerate(entries))
+    claims = tuple(
+        _claim(e, source, f"entries[{i}]", True) for i, e in enumerate(entries) if _mine(e, pod_uid)
+    )
     return DraState(claims=claims, verified=False)
 
 
-def parse_state(data: bytes, source: str) -> DraState:
-    """Every claim in the file, or an ``InputError`` naming the field; the 1.30 format is
-    ``verified=False`` (its checksum hashes Go's dump of the structs)."""
+def parse_state(data: bytes, source: str, pod_uid: str | None = None) -> DraState:
+    """Every claim in the file (with ``pod_uid``: that pod's only, the checksum still covering the
+    whole file), or an ``InputError`` naming the field; the 1.30 format is ``verified=False`` (its
+    checksum hashes Go's dump of the structs)."""
     try:
         outer = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -277,9 +291,9 @@ def parse_state(data: bytes, source: str) -> DraState:
     if not isinstance(outer, dict):
         raise InputError(source, "", "expected an object")
     if "Data" in outer or "Checksum" in outer:
-        return _current(outer, source)
+        return _current(outer, source, pod_uid)
     if "version" in outer or "entries" in outer:
-        return _legacy(outer, source)
+        return _legacy(outer, source, pod_uid)
     raise InputError(
         source, "", "neither the 1.31+ format (Data, Checksum) nor the 1.30 one (version, entries)"
     )

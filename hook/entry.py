@@ -128,6 +128,10 @@ def _hand_over(out: bytes, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["runtime-wrapper"]:  # packaging/runtime, for create/run/restore: decides, then execs
+        from hook.wrapper import main as wrapper_main
+
+        return wrapper_main(argv[1:])
     parsed = _split(argv)
     if parsed is None:
         from hook.cli import run

@@ -262,7 +262,7 @@ def _dra(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> DraView:
         warnings.append(f"{exc}; nothing decided from the kubelet's DRA state")
         return DraView(path=path, state="unreadable")
     try:
-        state = dra.parse_state(data, path)
+        state = dra.parse_state(data, path, pod.uid)
     except InputError as exc:
         warnings.append(f"{exc}; nothing decided from the kubelet's DRA state")
         return DraView(path=path, state="corrupt")

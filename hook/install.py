@@ -21,9 +21,11 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ DEFAULTS = {
     "etc": "/etc/oci-device-hook",
     "state_dir": "/var/lib/oci-device-hook",
     "containerd_config": "/etc/containerd/config.toml",
+    "containerd_state": "/run/containerd",
     "python": "/usr/bin/python3",
 }
 OTHER_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
@@ -545,6 +548,14 @@ def install(node: Node) -> int:
     python_version = check_python(node)
     version = _tree_version(src)
     rec = _read_record(node)
+    if rec.get("containerd") and rec.get("libexec", opts.libexec) != opts.libexec:
+        # containerd's shims keep the wrapper's path for as long as their containers live
+        raise InstallError(
+            "--libexec",
+            opts.libexec,
+            f"containerd runs the wrapper from {rec['libexec']}: an upgrade keeps "
+            "that path (uninstall first to move it)",
+        )
     _stage_version(node, src, version)
     settings_changed = _apply_settings(node, version, Path(opts.settings) if opts.settings else None, src)
     _switch(node, version)
@@ -665,6 +676,93 @@ def _unregister_file(node: Node, entry: dict[str, Any]) -> bool:
     return True
 
 
+PASS_THROUGH_MARK = "# oci-device-hook pass-through"
+
+
+def _real_runtime(node: Node) -> str:
+    """What the wrapper execs after its decision: the settings' ``runtime`` as the wrapper reads it
+    (its one plain line; ``runc`` where the file or the line is missing)."""
+    path = node.path(node.opts.etc) / "config.yaml"
+    try:
+        data = path.read_bytes() if path.is_file() else b""
+    except OSError:
+        data = b""
+    m = re.search(rb"^runtime:[ \t]*(['\"]?)([A-Za-z0-9_./+-]+)\1[ \t]*(#.*)?$", data, re.M)
+    return m.group(2).decode() if m else "runc"
+
+
+def _shim_real(path: Path) -> str | None:
+    """The binary a handler shim (or a pass-through left earlier) runs, or None where it is not ours."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    m = re.search(r"^OCI_DEVICE_HOOK_REAL_RUNTIME=(\S+) exec ", text, re.M) or re.search(
+        r"^exec (\S+) \"\$@\"$", text, re.M
+    )
+    if not m or not (PASS_THROUGH_MARK in text or "oci-device-hook: containerd runtime handler" in text):
+        return None
+    words = shlex.split(m.group(1))
+    return words[0] if len(words) == 1 else None
+
+
+def pass_through_script(real: str, uninstalled: str) -> str:
+    """A wrapper reduced to ``exec`` of the real runtime: plain sh, no settings, no Python."""
+    return (
+        "#!/bin/sh\n"
+        f"{PASS_THROUGH_MARK}, left by `installer uninstall` ({uninstalled}).\n"
+        "# containerd shims of containers created while the hook was installed keep this path as\n"
+        "# their runtime binary (exec, kill, delete); it only runs the real runtime. Delete it once\n"
+        "# containerd runs its restored config and every task started before the uninstall is gone;\n"
+        "# a later install puts the wrapper back here.\n"
+        f'exec {_sh_quote(real)} "$@"\n'
+    )
+
+
+def _leave_pass_throughs(node: Node, rec: dict[str, Any], libexec: str) -> list[str]:
+    """Replace the wrapper and every handler shim a containerd handler or a live shim may still name
+    with a pass-through, each in one rename (a shim running it meanwhile sees the old or the new
+    file, never none). Only where containerd was registered, or pass-throughs are already there."""
+    base = node.path(libexec)
+    state = rec.get("containerd") or {}
+    wanted: dict[str, str] = {}
+    for shim in state.get("shims", []):
+        real = _shim_real(node.path(shim))
+        if real is not None:
+            wanted[shim] = real
+    handlers = base / "handlers"
+    if handlers.is_dir():
+        for p in sorted(handlers.iterdir()):
+            real = _shim_real(p)
+            if real is not None:
+                wanted.setdefault(f"{libexec}/handlers/{p.name}", real)
+    runtime = base / "runtime"
+    if state or wanted or _shim_real(runtime) is not None:
+        wanted[f"{libexec}/runtime"] = _shim_real(runtime) or _real_runtime(node)
+    ours = set(wanted)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    for path, real in sorted(wanted.items()):
+        if real in ours or not re.fullmatch(r"[A-Za-z0-9_./+-]+", real):
+            real = "runc"  # never a loop back to a file of ours, never a word sh would split
+        # the path itself, not where it leads: `runtime` is a symlink into the version removed next
+        _atomic_write(node.path(path, follow=False), pass_through_script(real, stamp).encode(), 0o755)
+    return sorted(wanted)
+
+
+def _tasks_naming(node: Node, paths: list[str]) -> int:
+    """How many containerd tasks (runc shim ``options.json`` under ``--containerd-state``) still run
+    one of ``paths``: the leftovers can go when this is 0 and containerd runs its restored config."""
+    task_dir = node.path(node.opts.containerd_state) / "io.containerd.runtime.v2.task"
+    count = 0
+    for opts in task_dir.glob("*/*/options.json"):
+        try:
+            binary = json.loads(opts.read_text()).get("binary_name", "")
+        except (OSError, ValueError, AttributeError):
+            continue
+        count += binary in paths
+    return count
+
+
 def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
@@ -676,6 +774,7 @@ def uninstall(node: Node) -> int:
         _say(f"nothing to remove under {node.root}: not installed (no {opts.state_dir}/{RECORD}, "
              f"no {opts.libexec})")
         return 0
+    libexec = rec.get("libexec") or opts.libexec
     for path in {*_hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
         target = node.path(path, follow=False)
         if target.exists() and _ours(target, opts.libexec):
@@ -683,18 +782,24 @@ def uninstall(node: Node) -> int:
     changed = False
     state = rec.get("containerd")
     if state:
+        # the handlers first: a config that cannot be restored stops here with the wrapper still
+        # deciding, never with a pass-through the config still names
         changed = _unregister_containerd(node, state)
+    left = _leave_pass_throughs(node, rec, libexec)
+    if state:
         for shim in state.get("shims", []):
-            node.path(shim).unlink(missing_ok=True)
+            if shim not in left:
+                node.path(shim).unlink(missing_ok=True)
         if state.get("backup"):
             node.path(state["backup"]).unlink(missing_ok=True)
-    base = node.path(rec.get("libexec") or opts.libexec)
+    base = node.path(libexec)
     for name in ("hook", "runtime", "installer", "current"):
         p = base / name
-        if p.is_symlink() or p.is_file():
+        if (p.is_symlink() or p.is_file()) and f"{libexec}/{name}" not in left:
             p.unlink()
     for name in ("versions", "handlers", "lib"):
-        shutil.rmtree(base / name, ignore_errors=True)
+        if name != "handlers" or not any(x.startswith(f"{libexec}/handlers/") for x in left):
+            shutil.rmtree(base / name, ignore_errors=True)
     (node.path(opts.state_dir) / RECORD).unlink(missing_ok=True)
     for d in (base, node.path(opts.state_dir)):
         with contextlib.suppress(OSError):
@@ -705,6 +810,13 @@ def uninstall(node: Node) -> int:
         _restart(node, _containerd_unit(node, rec))
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"removed{' ' + rec['version'] if rec.get('version') else ''}{restart}")
+    if left:
+        tasks = _tasks_naming(node, left)
+        _say(
+            f"left pass-throughs to the real runtime at {', '.join(left)}: containerd shims of containers "
+            "created through the wrapper still run them; delete them once containerd runs its restored "
+            f"config and no task started before now is left ({tasks} under {opts.containerd_state} now)"
+        )
     return 0
 
 
@@ -726,6 +838,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--etc", default=DEFAULTS["etc"])
     p.add_argument("--state-dir", default=DEFAULTS["state_dir"])
     p.add_argument("--containerd-config", default=DEFAULTS["containerd_config"])
+    p.add_argument("--containerd-state", default=DEFAULTS["containerd_state"], help="containerd's state dir")
     p.add_argument("--python", default=DEFAULTS["python"], help="the node's interpreter for the hook")
     p.add_argument("--engine", choices=["auto", "hooks.d", "containerd", "all"], default="auto")
     p.add_argument("--mode", choices=["prestart", "precreate"], default="prestart", help="hooks.d stage")

@@ -17,10 +17,21 @@ CORE = (
     "specwriter.py",
     "allowlist.py",
     "cdi/names.py",
+    "runtimeargs.py",
 )
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
-# install: the installer's; serve: the decider's own start and stop lines
-SHELL = {"cli.py", "entry.py", "live.py", "precreate.py", "__main__.py", "install.py", "serve.py"}
+# install: the installer's; serve: the decider's own start and stop lines; wrapper: the runtime
+# wrapper's decision (exits when it refuses)
+SHELL = {
+    "cli.py",
+    "entry.py",
+    "live.py",
+    "precreate.py",
+    "__main__.py",
+    "install.py",
+    "serve.py",
+    "wrapper.py",
+}
 
 
 def imports(path: Path) -> set[str]:

@@ -551,3 +551,34 @@ def test_a_symlink_at_the_dra_state_is_not_followed(node: Node, capsys: Any) -> 
 def test_a_privileged_pod_with_no_dra_state_is_left_alone_as_before(node: Node, capsys: Any) -> None:
     rc, rep, _ = node.simulate(privileged_pod("containerd", K8S_MINORS, {"gpus": [2]}), capsys)
     assert (rc, rep["verdict"], rep["kubernetes"]["dra"]["state"]) == (0, "none", "absent")
+
+
+# --- the setting ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"), [("", True), ("/var/lib/k/dra_manager_state", True), ("rel/x", False), (5, False)]
+)
+def test_kubelet_dra_state_setting(tmp_path: Path, value: object, ok: bool) -> None:
+    from hook.cli import run as cli
+
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({"kubelet_dra_state": value}))
+    assert (cli(["settings", "check", str(path)]) == 0) is ok
+    if ok:
+        from hook.settings import load_settings
+
+        expected = value or "/var/lib/kubelet/dra_manager_state"
+        assert load_settings(path, required=True).dra_state_path == expected
+
+
+def test_only_this_pods_claims_are_decoded() -> None:
+    """Another pod's entry in a shape this hook does not know fails neither this pod nor the file;
+    the same entry in this pod's claim is reported."""
+    odd = claim(CLAIM_B, "odd", [OTHER_POD], []) | {"DriverState": ["future"]}
+    data = dra_state([odd, claim(CLAIM_A, "gpu", [POD_UID], [device([gpu_id(CLAIM_A, 2)])])])
+    assert [c.uid for c in parse_state(data, "s", POD_UID).claims] == [CLAIM_A]
+    with pytest.raises(InputError, match="DriverState"):
+        parse_state(data, "s", OTHER_POD)
+    with pytest.raises(InputError, match="DriverState"):
+        parse_state(data, "s")  # doctor reads every claim

@@ -1,7 +1,8 @@
 """Issue 21, item 3: the fast path is a superset of the full decision, checked differentially.
 
 Hypothesis draws containers (rules as runc reads them, ``linux.devices``, env, mounts, CDI
-annotations, capabilities, with or without a Kubernetes pod identity and a kubelet checkpoint)
+annotations, capabilities, with or without a Kubernetes pod identity (containerd's, CRI-O's, or
+an untrusted mix) and a kubelet checkpoint)
 on the 4x-k8s node. For each, the fast path's answer (``fastpath.well_formed`` and
 ``needs_decision``, exactly what ``hook.entry`` and ``hook precreate`` ask) is compared with the
 full decision (``gather.inputs_for_config`` + ``decide``). The test fails whenever the fast path
@@ -33,7 +34,7 @@ from hook.plan import Verdict
 from hook.settings import Settings
 from tests.bundles import alloc_resp, checkpoint, checkpoint_entry
 from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, make_host_tree
-from tests.k8s_shapes import CONTAINER, GPUS, POD_UID, annotations, write_cdi
+from tests.k8s_shapes import CONTAINER, GPUS, POD_UID, annotations, cgroups_path, write_cdi
 
 EXAMPLES = int(os.environ.get("ODH_DIFF_EXAMPLES", "300"))
 CID = "c0ffee" * 10 + "beef"
@@ -105,6 +106,11 @@ ENV = st.lists(
 def containers(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
     """(config, checkpoint file name or "") for one container of the drawn world."""
     k8s = draw(st.sampled_from([True, True, False]))  # a Kubernetes pod's is the richest decision
+    # whose pod: containerd's, CRI-O's, or a CRI-O pod that names another through containerd's keys
+    engine = draw(st.sampled_from(["containerd", "crio", "mixed"]))
+    identity = annotations("crio" if engine == "mixed" else engine, cid=CID) if k8s else {}
+    if k8s and engine == "mixed":
+        identity["io.kubernetes.cri.sandbox-uid"] = "0" * 8 + POD_UID[8:]
     allocated = k8s and draw(st.sampled_from([True, False, False]))
     env = ["PATH=/bin", *(draw(ENV) if draw(st.booleans()) else [])]
     mounts: list[dict[str, Any]] = [{"destination": "/proc", "type": "proc", "source": "proc"}]
@@ -131,9 +137,9 @@ def containers(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
         "process": {"args": ["sh"], "env": env, "capabilities": {"bounding": caps}},
         "root": {"path": "rootfs"},
         "mounts": mounts,
-        "annotations": {**(annotations("containerd") if k8s else {}), **extra},
+        "annotations": {**identity, **extra},
         "linux": {
-            "cgroupsPath": f"/kubepods/pod{POD_UID}/{CID}",
+            "cgroupsPath": cgroups_path("containerd" if engine == "containerd" else "crio", CID),
             "devices": draw(st.lists(_device(), max_size=3)) if draw(st.booleans()) else [],
             "resources": {"devices": rules},
         },

@@ -119,7 +119,11 @@ def node(tmp_path: Path, tree: Path) -> Iterator[Node]:
         yield n
     finally:
         n.installer("uninstall", tree)
-        assert not n.libexec.exists() or not any(n.libexec.iterdir()), list(n.libexec.iterdir())
+        left = [p for p in n.libexec.rglob("*") if p.is_file()] if n.libexec.exists() else []
+        assert all(PASS_MARK in p.read_text() for p in left), left  # only pass-throughs stay
+
+
+PASS_MARK = "# oci-device-hook pass-through"
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -367,6 +371,68 @@ def test_a_handler_shim_runs_the_binary_it_replaced_through_the_wrapper(node: No
     proc = subprocess.run(shim, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert (node.base / "ran").read_text() == f"{real} state ctr-1\n"
+
+
+def _fake_runtime(path: Path, record: Path) -> Path:
+    path.write_text(f'#!/bin/sh\necho "$0 $*" >> {record}\n')
+    path.chmod(0o755)
+    return path
+
+
+@needs_python
+def test_uninstall_leaves_a_pass_through_wherever_containerd_may_still_look(node: Node, tree: Path) -> None:
+    """Issue 22 item 1: runc shims keep the BinaryName they were created with, so after uninstall the
+    wrapper and every handler shim become plain sh that only execs the real runtime."""
+    ran = node.base / "ran"
+    runc = _fake_runtime(node.base / "my-runc", ran)
+    nvidia = _fake_runtime(node.base / "nvidia-container-runtime", ran)
+    node.containerd.parent.mkdir()
+    original = GPU_OPERATOR_V2.replace("/usr/local/nvidia/toolkit/nvidia-container-runtime", str(nvidia))
+    node.containerd.write_text(original)
+    _ok(node.installer("install", tree, "--settings", str(node.settings(runtime=str(runc)))))
+    out = _ok(node.installer("uninstall", tree, "--purge"))
+    assert node.containerd.read_text() == original
+    wrapper, shim = node.libexec / "runtime", node.libexec / "handlers/nvidia"
+    assert f"left pass-throughs to the real runtime at {shim}, {wrapper}:" in out
+    assert "(0 under /run/containerd now)" in out
+    assert sorted(p.name for p in node.libexec.iterdir()) == ["handlers", "runtime"]
+    assert not node.etc.exists() and not node.state.exists()  # no settings, no record: nothing read
+    for path, real in ((wrapper, runc), (shim, nvidia)):
+        text = path.read_text()
+        assert not path.is_symlink() and path.stat().st_mode & 0o777 == 0o755
+        assert text.startswith("#!/bin/sh\n") and PASS_MARK in text and "python" not in text.lower()
+        assert text.splitlines()[-1] == f"exec '{real}' \"$@\""
+        proc = subprocess.run([str(path), "kill", "ctr 1", "9"], env={}, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert ran.read_text() == f"{runc} kill ctr 1 9\n{nvidia} kill ctr 1 9\n"
+    # a later install reuses both paths; its uninstall leaves them again
+    _ok(node.installer("install", tree, "--settings", str(node.settings(runtime=str(runc)))))
+    assert os.readlink(wrapper) == "current/runtime" and "OCI_DEVICE_HOOK_REAL_RUNTIME" in shim.read_text()
+    assert engines.handlers(node.containerd.read_text(), "x")[1][0].binary == str(shim)
+    _ok(node.installer("uninstall", tree))
+    assert PASS_MARK in wrapper.read_text() and PASS_MARK in shim.read_text()
+    assert node.containerd.read_text() == original
+
+
+@needs_python
+def test_hooks_d_only_uninstall_leaves_no_pass_through(node: Node, tree: Path) -> None:
+    _ok(node.installer("install", tree, "--engine", "hooks.d"))
+    out = _ok(node.installer("uninstall", tree))
+    assert "pass-through" not in out and not node.libexec.exists()
+
+
+@needs_python
+def test_an_upgrade_never_moves_the_wrapper_containerd_runs(node: Node, tree: Path) -> None:
+    node.containerd.parent.mkdir()
+    node.containerd.write_text(GPU_OPERATOR_V2)
+    _ok(node.installer("install", tree))
+    registered = node.containerd.read_text()
+    moved = [a if a != str(node.libexec) else str(node.base / "elsewhere") for a in node.args()]
+    cmd = [str(tree / "usr/libexec/oci-device-hook/installer"), "install", "--src", str(tree), *moved]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"PATH": os.environ["PATH"]})
+    assert proc.returncode == 1 and "an upgrade keeps that path" in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+    assert node.containerd.read_text() == registered and not (node.base / "elsewhere").exists()
 
 
 @needs_python

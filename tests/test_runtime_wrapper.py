@@ -79,8 +79,12 @@ def saw(kit: dict[str, Any]) -> dict[str, Any]:
     return json.loads(kit["record"].read_text())
 
 
-# The hook writes its fast-path cache under /run/oci-device-hook: each run gets a private tmpfs /run.
-PRIVATE_RUN = 'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && exec "$@"'
+# The hook writes its fast-path cache under /run/oci-device-hook and, before it has read its settings,
+# may log to /var/log: each run gets private tmpfs ones.
+PRIVATE_RUN = (
+    "mount -t tmpfs -o mode=0755 tmpfs /run && mount -t tmpfs -o mode=0755 tmpfs /var/log"
+    ' && mkdir /run/oci-device-hook && exec "$@"'
+)
 IN_NS = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh"]
 CONTAINERD_ARGS = ["--root", "/run/containerd/runc/k8s.io", "--log", "/x/log.json", "--log-format", "json"]
 
@@ -216,3 +220,20 @@ def test_registration_files_name_the_installed_paths() -> None:
         assert entry["runtime_type"] == "io.containerd.runc.v2"
         assert entry["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/runtime"
     assert (v2["version"], v3["version"]) == (2, 3)
+
+
+def test_a_privileged_dra_pod_is_narrowed_to_its_claim_by_the_wrapper(kit: dict[str, Any]) -> None:
+    """Issue 20, spec level: the runtime wrapper hands the runtime only the claim's GPU (the
+    dra-claim-privileged example: its claim spec and the kubelet's DRA state)."""
+    dra = EXAMPLES / "dra-claim-privileged"
+    dirs = f"cdi_spec_dirs: [{NODE_CDI}]"
+    text = kit["settings"].read_text().replace(dirs, f"cdi_spec_dirs: [{NODE_CDI}, {dra / 'cdi'}]")
+    kit["settings"].write_text(text + f"kubelet_dra_state: {dra / 'kubelet' / 'dra_manager_state'}\n")
+    put(kit, "dra-claim-privileged")
+    res = wrap(kit, "create", "--bundle", str(kit["bundle"]), "id")
+    assert res.returncode == 0, res.stderr
+    decided = json.loads((kit["bundle"] / "config.json").read_text())
+    gpus = [d["path"] for d in decided["linux"]["devices"] if d["path"][len("/dev/nvidia"):].isdigit()]
+    assert gpus == ["/dev/nvidia2"]
+    record = json.loads((kit["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert record["kubernetes"]["dra"]["decided"] == ["ml/gpu-claim (9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b)"]

@@ -31,7 +31,15 @@ import pytest
 
 from hook.marker import ANNOTATION
 from tests.hosttree import CAPS_MAJOR, cap_minor, make_host_tree
-from tests.live.livekit import BASIC_DEV, build_bundle, build_rootfs, parse_probe, probe_args
+from tests.live.livekit import (
+    BASIC_DEV,
+    RUNC,
+    build_bundle,
+    build_rootfs,
+    parse_probe,
+    private_host,
+    probe_args,
+)
 from tests.live.test_hook_scenarios import CAPS, MIG_UUID, SLICE_UUID, host_nodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,8 +102,27 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     libexec = base / "libexec"
     libexec.mkdir()
     shutil.copy2(REPO / "packaging" / "runtime", libexec / "runtime")
+    # the wrapper's `hook runtime-wrapper` reads the bundle's config itself (no stdin) and execs the
+    # runtime: its reads and its replacement are recorded from inside, in the same process
+    record = (
+        "import sys; import hook.wrapper as w\n"
+        "read, replace = w._read_config, w._replace\n"
+        "def rd(path):\n"
+        "    data = read(path)\n"
+        f"    for name in ('in.json', 'out.json'): open('{rec}/' + name, 'wb').write(data)\n"
+        "    return data\n"
+        "def rp(path, data):\n"
+        f"    open('{rec}/out.json', 'wb').write(data)\n"
+        "    replace(path, data)\n"
+        "w._read_config, w._replace = rd, rp\n"
+        "from hook.entry import run\n"
+        'sys.argv = ["hook", *sys.argv[1:]]\n'
+        "run()\n"
+    )
+    (libexec / "record.py").write_text(record)
     (libexec / "hook").write_text(
-        f'#!/bin/sh\ncat >{rec}/in.json\n{_hook_exe()} "$@" <{rec}/in.json >{rec}/out.json\nrc=$?\n'
+        f'#!/bin/sh\nif [ "$1" = runtime-wrapper ]; then exec {sys.executable} {libexec}/record.py "$@"; fi\n'
+        f'cat >{rec}/in.json\n{_hook_exe()} "$@" <{rec}/in.json >{rec}/out.json\nrc=$?\n'
         f"cat {rec}/out.json\nexit $rc\n"
     )
     (libexec / "hook").chmod(0o755)
@@ -420,6 +447,56 @@ def test_wrapper_runs_crun_on_cgroup_v2(world: dict[str, Path], tmp_path: Path) 
         # crun raises RLIMIT_MEMLOCK before loading its eBPF program, which needs CAP_SYS_RESOURCE;
         # this machine's bounding set lacks it (as in test_hook_scenarios' crun case)
         pytest.skip("crun cannot raise RLIMIT_MEMLOCK here (no CAP_SYS_RESOURCE); the decision was made")
+    assert proc.returncode == 0, proc.stderr
+    assert parse_probe(proc.stdout) == SLICE_EXPECTED
+
+
+# Issue 21 item 6: spellings of the bundle option the old wrapper did not read (it fell back to the
+# working directory, here a decoy holding the same privileged config, and ran the bundle's as is)
+SPELLINGS = {
+    "runc": [["run", "-bundle={b}", "{id}"], ["run", "--b", "{b}", "{id}"], ["run", "{id}", "-b", "{b}"]],
+    "crun": [["run", "-b{b}", "{id}"], ["run", "--bun={b}", "{id}"]],
+}
+
+
+@pytest.mark.parametrize(
+    ("runtime", "form"),
+    [(rt, f) for rt, forms in SPELLINGS.items() for f in forms],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_the_wrapper_decides_every_spelling_the_real_runtime_reads(
+    world: dict[str, Path], tmp_path: Path, runtime: str, form: list[str]
+) -> None:
+    binary = RUNC if runtime == "runc" else shutil.which("crun")
+    assert binary is not None, "crun is installed where the suite runs (apt-get install crun)"
+    settings = tmp_path / "settings.yaml"
+    kept = [ln for ln in world["settings"].read_text().splitlines() if not ln.startswith("runtime:")]
+    settings.write_text("\n".join([*kept, f"runtime: {binary}"]) + "\n")
+    b = _privileged_bundle(tmp_path / "b", SLICE_ENV, SLICE_PROBES)
+    b.config["root"] = {"path": str(world["rootfs"])}
+    b.write()
+    decoy = tmp_path / "cwd"
+    decoy.mkdir()
+    shutil.copy2(b.path / "config.json", decoy / "config.json")
+    state = tmp_path / "state"
+    args = [a.format(b=b.path, id=b.id) for a in form]
+    env = {**os.environ, "OCI_DEVICE_HOOK_CONFIG": str(settings)}
+    v2 = runtime == "crun"  # crun applies rules as eBPF: a unified cgroup2 view
+    cmd = private_host([str(world["libexec"] / "runtime"), "--root", str(state), *args], cgroup2=v2)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                              env=env, cwd=decoy)  # fmt: skip
+    finally:
+        delete = private_host([binary, "--root", str(state), "delete", "-f", b.id], cgroup2=v2)
+        subprocess.run(delete, capture_output=True, timeout=30)
+    assert (b.path / "config.json.orig").exists(), proc.stderr  # decided where the runtime reads
+    assert ANNOTATION in json.loads((b.path / "config.json").read_text())["annotations"]
+    assert not (decoy / "config.json.orig").exists()
+    if runtime == "crun" and "setrlimit (RLIM_MEMLOCK)" in proc.stderr:
+        # as in test_wrapper_runs_crun_on_cgroup_v2: crun read the decided config (it reads config.json
+        # before it loads its eBPF program) and stopped there; tests/test_runtimeargs.py shows which
+        # file crun opens for this spelling
+        return
     assert proc.returncode == 0, proc.stderr
     assert parse_probe(proc.stdout) == SLICE_EXPECTED
 

@@ -1,0 +1,183 @@
+"""Issue 21 item 6: the runtime wrapper reads a command line as runc and crun read it.
+
+The readers are pure (hook/runtimeargs.py). The differential tests run the real runc and crun
+installed here under ``strace`` on the same command lines, with bundles whose config.json is not
+valid JSON (so nothing is ever created), and compare the config file each one opened with what
+the reader for that runtime says; ``creates`` must name that file or refuse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hook import runtimeargs
+from hook.runtimeargs import (
+    ArgsError,
+    Creates,
+    creates,
+    read_crun,
+    read_crun_1_8,
+    read_runc_1_1,
+    read_runc_1_2,
+)
+
+
+def cfg(args: list[str], dirs: tuple[str, ...] = ("A", "B", ".")) -> str | None:
+    found = creates(args, lambda d: d in dirs)
+    return found.config_path if found else None
+
+
+RUNC_SPELLINGS = [
+    ["create", "--bundle", "A", "id"], ["create", "-bundle", "A", "id"], ["create", "-bundle=A", "id"],
+    ["create", "--bundle=A", "id"], ["create", "--b", "A", "id"], ["create", "-b", "A", "id"],
+    ["create", "-b=A", "id"], ["create", "--b=A", "id"], ["create", "id", "--bundle", "A"],
+    ["create", "id", "-b=A"], ["run", "-d", "-b", "A", "id"], ["run", "--detach", "--bundle=A", "id"],
+    ["restore", "--detach", "--image-path", "/i", "-bundle", "A", "id"],
+    ["--root", "/r", "--log", "/l", "--log-format", "json", "--systemd-cgroup",
+     "create", "--bundle", "A", "id"],
+    ["-root=/r", "-log", "/l", "create", "-b", "A", "id"], ["--", "create", "-b", "A", "id"],
+    ["create", "--bundle", "B", "--bundle", "A", "id"], ["create", "-b", "A", "--", "id"],
+]  # fmt: skip
+CRUN_SPELLINGS = [
+    ["create", "-bA", "id"], ["create", "--bun=A", "id"], ["create", "--bund", "A", "id"],
+    ["create", "--bu=A", "id"], ["run", "-dbA", "id"], ["run", "-d", "-bA", "id"],
+    ["--ro", "/r", "create", "--bundle", "A", "id"],
+    ["--root=/r", "--cgroup-manager", "cgroupfs", "run", "-bA", "id"],
+    ["create", "-f", "config.json", "-b", "A", "id"], ["create", "--no-piv", "-b", "A", "id"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", RUNC_SPELLINGS + CRUN_SPELLINGS, ids=" ".join)
+def test_every_spelling_of_the_bundle_names_its_config(args: list[str]) -> None:
+    assert cfg(args) == "A/config.json"
+
+
+def test_the_readers_apart() -> None:
+    assert read_runc_1_1(["create", "-bundle=A", "id"]) == Creates(command="create", bundle="A", ident="id")
+    assert read_crun(["create", "-bundle=A", "id"]) == Creates(command="create", bundle="undle=A", ident="id")
+    assert read_crun(["create", "-b=A", "id"]) == Creates(command="create", bundle="=A", ident="id")
+    with pytest.raises(ArgsError, match="not defined: -bA"):
+        read_runc_1_1(["create", "-bA", "id"])
+    with pytest.raises(ArgsError, match="ambiguous"):
+        read_crun(["create", "--c=x", "-b", "A", "id"])  # config or console-socket
+    with pytest.raises(ArgsError, match="ambiguous"):
+        read_crun(["--ro", "/r", "create", "-b", "A", "id"])  # root or rootless
+    assert read_crun_1_8(["--ro", "/r", "create", "-b", "A", "id"]) is not None  # rootless was root's alias
+    with pytest.raises(ArgsError, match=r"maximum|requires"):
+        read_crun(["create", "id", "--bundle", "A"])  # argp stops at the id
+    # v1.22.1 moves every dash argument (and the next non-dash one) before the id, so does v1.22.14
+    # for the command's own flags: both read a bundle given after the id
+    for reader in (read_runc_1_1, read_runc_1_2):
+        assert (reader(["create", "id", "-b", "A"]) or Creates(command="", bundle="")).bundle == "A"
+        with pytest.raises(ArgsError, match="not defined: -bogus"):
+            reader(["create", "--bogus", "id", "-b", "A"])
+    assert read_runc_1_2(["create", "--pidfd-socket", "/s", "-b", "A", "id"]) is not None
+    with pytest.raises(ArgsError):
+        read_runc_1_1(["create", "--pidfd-socket", "/s", "-b", "A", "id"])
+    logs = read_runc_1_1(["--log", "/l", "--log-format=json", "create", "id"])
+    assert logs is not None and (logs.log, logs.log_format, logs.bundle) == ("/l", "json", "")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["state", "id"], ["kill", "id", "9"], ["delete", "-f", "id"], ["kill", "create", "9"],
+     ["exec", "run", "sh"], ["--log", "create", "state", "id"], ["--help", "create", "-b", "A", "id"],
+     ["create", "--help", "-b", "A", "id"], ["-v", "run", "-b", "A", "id"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_command_lines_that_create_nothing_pass(args: list[str]) -> None:
+    assert cfg(args) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["create", "id", "-x"], "no runtime accepts it"),
+        (["create"], "no runtime accepts it"),
+        (["create", "--frobnicate", "-b", "A", "id"], "no runtime accepts it"),
+        (["create", "-f", "other.json", "-b", "A", "id"], "crun --config other.json"),
+        (["run", "--config=/x.json", "id"], "crun --config /x.json"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
+def test_what_no_grammar_reads_for_sure_is_refused(args: list[str], why: str) -> None:
+    with pytest.raises(ArgsError, match=re.escape(why)):
+        cfg(args)
+
+
+def test_readings_that_differ_are_refused() -> None:
+    """runc reads ``-bundle=A`` as bundle A, crun as bundle ``undle=A``: with both there, it cannot tell."""
+    assert cfg(["create", "-bundle=A", "id"]) == "A/config.json"  # no directory "undle=A": crun would fail
+    with pytest.raises(ArgsError, match="different configs"):
+        cfg(["create", "-bundle=A", "id"], ("A", "undle=A"))
+
+
+def test_a_reading_that_creates_against_one_that_does_not_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtimeargs, "READERS", (*runtimeargs.READERS, ("never", lambda _args: None)))
+    with pytest.raises(ArgsError, match="never would not create"):
+        cfg(["create", "-b", "A", "id"])
+
+
+# --- differential: the real runtimes -----------------------------------------------------------------
+
+STRACE = shutil.which("strace")
+# the readers of the versions installed here (Debian 12: runc 1.1.5, crun 1.8.1)
+RUNTIMES = {"runc": (shutil.which("runc"), read_runc_1_1), "crun": (shutil.which("crun"), read_crun_1_8)}
+PROBES = RUNC_SPELLINGS + CRUN_SPELLINGS + [
+    ["create", "-bundle", "A", "id"], ["create", "--no-pivot", "id", "--bundle", "A"],
+    ["create", "-b=", "id"], ["create", "--bundle=", "id"], ["create", "-d", "id"],
+    ["create", "-bundle=A", "id"], ["create", "-b=A", "id"],
+    ["create", "--pid-file", "--bundle", "A", "id"], ["create", "x", "-b", "A", "-b", "B"],
+    ["create", "--console-socket", "--bundle", "A", "id"], ["--log", "create", "run", "-b", "B", "id"],
+]  # fmt: skip
+
+
+def _opened(runtime: str, args: list[str], cwd: Path) -> str | None:
+    """The config.json the runtime opened (relative to ``cwd``), from strace; None when it opened none."""
+    assert STRACE is not None
+    out = cwd / "trace"
+    trace = [STRACE, "-f", "-qq", "-e", "trace=chdir,openat", "-o", str(out)]
+    cmd = [*trace, runtime, "--root", str(cwd / "state"), *args]
+    subprocess.run(cmd, cwd=cwd, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    where = ""
+    for line in out.read_text().splitlines():
+        m = re.search(r'chdir\("([^"]*)"', line)  # with -f a call may be split: "<unfinished ...>"
+        if m and "= -1" not in line:
+            where = m.group(1)
+        m = re.search(r'openat\(AT_FDCWD, "([^"]*config\.json)"', line)
+        if m:
+            path = m.group(1) if m.group(1).startswith("/") else f"{where or '.'}/{m.group(1)}"
+            return path.replace(f"{cwd}/", "").replace(str(cwd), ".")
+    return None
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace not installed (apt-get install strace)")
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_the_readers_agree_with_the_real_runtimes(runtime: str, tmp_path: Path) -> None:
+    binary, reader = RUNTIMES[runtime]
+    assert binary is not None, f"{runtime} is installed where the suite runs (apt-get install {runtime})"
+    for d in ("A", "B"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "config.json").write_text("{" + d)  # never valid: nothing is created
+    (tmp_path / "config.json").write_text("{.")
+    for args in PROBES:
+        if runtime == "crun" and args[0] == "restore":
+            continue  # crun is built without CRIU here
+        opened = _opened(binary, args, tmp_path)
+        try:
+            found = reader(args)
+            # a bundle that is not there: the runtime's chdir or realpath fails (creates() checks it)
+            said = found.config_path if found and (tmp_path / (found.bundle or ".")).is_dir() else None
+        except ArgsError:
+            said = None
+        assert said == opened, f"{runtime} {' '.join(args)}: runtime opened {opened}, reader says {said}"
+        if opened is not None:
+            dirs = ("A", "B", ".")
+            with contextlib.suppress(ArgsError):  # refusing is always allowed
+                assert cfg(args, dirs) == opened, args
