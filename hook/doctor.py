@@ -8,6 +8,7 @@ fails (exit 1) when any check fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -297,7 +298,7 @@ def _dumped(binary: str, config: Path) -> tuple[int, list[Any], str]:
     """(version, handlers) as ``containerd --config F config dump`` reads F and its imports."""
     import subprocess
 
-    from hook.engines import config_version, handlers_in, parse
+    from hook.engines import config_version, cri_plugin, handlers_in, parse
 
     proc = subprocess.run(
         [binary, "--config", str(config), "config", "dump"],
@@ -309,6 +310,8 @@ def _dumped(binary: str, config: Path) -> tuple[int, list[Any], str]:
         )
     doc = parse(proc.stdout, f"{binary} config dump")
     version = config_version(doc, False)
+    if cri_plugin(version) not in (doc.get("plugins") or {}):
+        raise LookupError("the CRI plugin is disabled: no handlers in the dump")
     return version, handlers_in(doc, version), str(doc.get("grpc", {}).get("address") or "")
 
 
@@ -374,8 +377,12 @@ def check_containerd(
         read, listdir = _host_reader()
         files, version = ctdconfig.load(str(config), read, listdir)  # refuses what the installer would
         address = str(engines.parse(files[0].text, str(config)).get("grpc", {}).get("address") or "")
+        dumped: tuple[int, list[Any], str] | None = None
         if binary:
-            version, found, dumped_address = _dumped(binary, config)
+            with contextlib.suppress(LookupError):  # CRI disabled: judged from the files below
+                dumped = _dumped(binary, config)
+        if dumped is not None:
+            version, found, dumped_address = dumped
             address = dumped_address or address
             check = _judge(config, "containerd config dump", version, found, libexec)
         else:

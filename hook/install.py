@@ -423,6 +423,8 @@ def _dump_problem(node: Node, binary: str, root_config: str, binary_for: dict[st
     except InputError as exc:
         return str(exc)
     version = engines.config_version(doc, False)
+    if engines.cri_plugin(version) not in (doc.get("plugins") or {}):
+        return ""  # the CRI plugin is disabled: the dump has no handlers to judge (the plan was checked)
     found = [h for h in engines.handlers_in(doc, version) if h.runtime_type in engines.RUNC_TYPES]
     wrong = [f"{h.name}={h.binary or 'runc'}" for h in found if h.binary != binary_for.get(h.name, wrapper)]
     if wrong or not found:
