@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hook import engines, nodefs
+from hook import ctdconfig, engines, nodefs
 from hook.errors import HookError, InputError
 
 __all__ = ["main", "install", "uninstall"]
@@ -53,7 +53,9 @@ BUNDLED = "python"  # the tree's self-contained interpreter, <version>/python (p
 PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_.+-]+)+")  # what the launchers and the wrapper name unquoted
 OTHER_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
+K3S_AGENT_DIRS = ("/var/lib/rancher/k3s/agent", "/var/lib/rancher/rke2/agent")
 RECORD = "install.json"
+DPKG_LIST = "/var/lib/dpkg/info/oci-device-hook.list"
 
 
 class InstallError(HookError):
@@ -397,8 +399,10 @@ def _containerd_wanted(node: Node) -> bool:
         return True
     if node.opts.engine == "hooks.d":
         return False
-    return node.path(node.opts.containerd_config).exists() or any(
-        node.path(b).exists() for b in CONTAINERD_BINARIES
+    return (
+        node.path(node.opts.containerd_config).exists()
+        or any(node.path(b).exists() for b in CONTAINERD_BINARIES)
+        or any(node.path(f"{a}/etc/containerd/config.toml").exists() for a in K3S_AGENT_DIRS)
     )
 
 
@@ -420,59 +424,201 @@ def _sh_quote(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
-def _register_containerd(node: Node, rec: dict[str, Any]) -> bool:
-    """Edit containerd's config (backup and edits recorded first); True when the file changed."""
-    cfg = node.path(node.opts.containerd_config)
+def _read_in_root(node: Node) -> tuple[Callable[[str], str | None], Callable[[str], list[str]]]:
+    def read(path: str) -> str | None:
+        try:
+            return node.path(path).read_text()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InstallError(path, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+    def listdir(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(node.path(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    return read, listdir
+
+
+def containerd_configs(node: Node) -> list[tuple[str, str | None]]:
+    """The root configs to register, each with the text to start from where it is absent.
+
+    ``--containerd-config`` when given; on a k3s or rke2 node (its agent's rendered
+    ``config.toml`` present) the template k3s renders that file from on every start — the file
+    that wins — and the rendered file itself (what containerd runs until then). A template that
+    does not exist yet is made from the rendered file (k3s then renders it as it is)."""
+    given = node.opts.containerd_config
+    if given != DEFAULTS["containerd_config"]:
+        return [(given, None)]
+    for agent in K3S_AGENT_DIRS:
+        rendered = f"{agent}/etc/containerd/config.toml"
+        if not node.path(rendered).is_file():
+            continue
+        text = node.path(rendered).read_text()
+        version, _ = engines.handlers(text, rendered)
+        names = ("config-v3.toml.tmpl", "config.toml.tmpl") if version == 3 else ("config.toml.tmpl",)
+        templates = [f"{agent}/etc/containerd/{n}" for n in names]
+        template = next((t for t in templates if node.path(t).exists()), templates[0])
+        return [(template, text), (rendered, None)]
+    return [(given, None)]
+
+
+def _backup_name(node: Node, path: str) -> str:
+    flat = re.sub(r"[^A-Za-z0-9._-]", "_", path.strip("/"))
+    if path == DEFAULTS["containerd_config"]:
+        return f"{node.opts.state_dir}/containerd-config.toml.orig"  # the name before imports were followed
+    return f"{node.opts.state_dir}/containerd-{flat}.orig"
+
+
+def _plan(
+    node: Node, root_config: str, seed: str | None, wrapper: str
+) -> tuple[list[tuple[ctdconfig.ConfigFile, str, list[engines.ContainerdEdit]]], int, dict[str, str]]:
+    """The files one root config loads (imports followed inside the root), their new texts, the
+    root's version, and the shim for each handler whose runc binary is not runc's."""
+    read, listdir = _read_in_root(node)
+    current = read(root_config)
+    if seed is not None and "{{" in (current or seed):
+        raise InstallError(root_config, "", "a Go template (k3s renders it): register the handlers by hand")
+    if seed is not None and current is None:
+        files, version = ctdconfig.load(root_config, lambda p: seed if p == root_config else read(p), listdir)
+        files = (ctdconfig.ConfigFile(root_config, seed, False), *files[1:])  # made from the rendered file
+    else:
+        files, version = ctdconfig.load(root_config, read, listdir)
+    merged = ctdconfig.binaries(files, version)
+    ours = {wrapper} | {f"{node.opts.libexec}/handlers/{n}" for n in merged}
+    binary_for = {
+        h.name: h.binary if h.binary in ours else _handler_shim(node, h.name, h.binary)
+        for h in merged.values()
+        if h.runtime_type in engines.RUNC_TYPES and h.binary and h.binary != wrapper
+    }
+    return ctdconfig.plan_register(files, version, binary_for, wrapper), version, binary_for
+
+
+def _containerd_binary(node: Node) -> str | None:
+    return next((b for b in CONTAINERD_BINARIES if os.access(node.path(b), os.X_OK)), None)
+
+
+def _dump_problem(node: Node, binary: str, root_config: str, binary_for: dict[str, str], wrapper: str) -> str:
+    """'' when the node's own ``containerd config dump`` runs every runc-type handler through the
+    wrapper, else what it reads instead."""
+    proc = node.run([binary, "--config", root_config, "config", "dump"])
+    if proc.returncode != 0:
+        return f"containerd cannot load it: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
     try:
-        old = cfg.read_bytes()
-        existed = True
-    except FileNotFoundError:
-        old, existed = b"", False
-    except OSError as exc:
-        raise InstallError(str(cfg), "", f"cannot read: {exc.strerror or exc}") from None
-    text = old.decode()
-    _, found = engines.handlers(text, node.opts.containerd_config)
+        doc = engines.parse(proc.stdout, f"{binary} config dump")
+    except InputError as exc:
+        return str(exc)
+    version = engines.config_version(doc, False)
+    if engines.cri_plugin(version) not in (doc.get("plugins") or {}):
+        return ""  # the CRI plugin is disabled: the dump has no handlers to judge (the plan was checked)
+    found = [h for h in engines.handlers_in(doc, version) if h.runtime_type in engines.RUNC_TYPES]
+    wrong = [f"{h.name}={h.binary or 'runc'}" for h in found if h.binary != binary_for.get(h.name, wrapper)]
+    if wrong or not found:
+        return f"containerd reads {', '.join(wrong) or 'no runc handler'}"
+    return ""
+
+
+def _register_containerd(node: Node, rec: dict[str, Any]) -> bool:
+    """Edit every file containerd reads for its runc handlers (backups and edits recorded first);
+    True when a file changed. With the node's containerd binary there, its own ``config dump``
+    must then read the registration, or every file goes back as it was."""
     wrapper = f"{node.opts.libexec}/runtime"
     if not os.access(node.path(wrapper), os.X_OK):
         # a BinaryName naming a missing file would stop every pod on the node
         raise InstallError(wrapper, "", "no runtime wrapper in this version: containerd not registered")
-    ours = {wrapper} | {f"{node.opts.libexec}/handlers/{h.name}" for h in found}
-    binary_for = {
-        h.name: h.binary if h.binary in ours else _handler_shim(node, h.name, h.binary)
-        for h in found
-        if h.runtime_type in engines.RUNC_TYPES and h.binary and h.binary != wrapper
-    }
-    new, edits = engines.register_containerd(text, node.opts.containerd_config, binary_for, wrapper)
     previous = rec.get("containerd") or {}
+    entries = {e["path"]: e for e in _state_files(previous)}
+    shims = set(previous.get("shims", []))
+    writes: list[tuple[str, bytes, bytes | None, int]] = []  # path, new, old (None: absent), mode
+    checks: list[tuple[str, dict[str, str]]] = []
+    for root_config, seed in containerd_configs(node):
+        planned, version, binary_for = _plan(node, root_config, seed, wrapper)
+        shims |= set(binary_for.values())
+        checks.append((root_config, binary_for))
+        for f, new, edits in planned:
+            entry = entries.setdefault(
+                f.path,
+                {"path": f.path, "root": root_config, "created": not f.exists, "backup": "", "edits": []},
+            )
+            entry["version"] = None if f.path == root_config else version
+            if not edits:
+                entry.setdefault("sha256", _sha(f.text.encode()))
+                continue
+            entry["edits"] = list(entry["edits"]) + [e.to_json() for e in edits]
+            entry["sha256"] = _sha(new.encode())
+            host = node.path(f.path)
+            mode = host.stat().st_mode & 0o777 if f.exists else 0o644
+            writes.append((f.path, new.encode(), f.text.encode() if f.exists else None, mode))
     state = {
-        "config": node.opts.containerd_config,
-        "created": previous.get("created", not existed),
-        "backup": previous.get("backup", ""),
-        "edits": list(previous.get("edits", [])) + [e.to_json() for e in edits],
-        "shims": sorted(set(previous.get("shims", [])) | set(binary_for.values())),
+        "config": containerd_configs(node)[0][0],
+        "files": list(entries.values()),
+        "shims": sorted(shims),
     }
-    if not edits:
-        rec["containerd"] = {**state, "sha256": previous.get("sha256", _sha(old))}
-        return False
-    if existed and not state["backup"]:
-        backup = f"{node.opts.state_dir}/containerd-config.toml.orig"
-        _atomic_write(node.path(backup), old, 0o600)
-        state["backup"] = backup
-    state["sha256"] = _sha(new.encode())
     rec["containerd"] = state
+    if not writes:
+        return False
     before = copy.deepcopy(rec)
-    before["containerd"] = previous
-    _write_record(node, rec)  # recorded before the config changes: an interrupted run can be undone
-    mode = cfg.stat().st_mode & 0o777 if existed else 0o644
+    if previous:
+        before["containerd"] = previous
+    else:
+        del before["containerd"]
+    binary = _containerd_binary(node)
+    # judged by the node's containerd only where it could load the configs before the edit
+    loads = {
+        r for r, _ in checks if binary and node.run([binary, "--config", r, "config", "dump"]).returncode == 0
+    }
+    for target, _, old, _ in writes:
+        entry = entries[target]
+        if old is not None and not entry["backup"]:
+            entry["backup"] = _backup_name(node, target)
+            _atomic_write(node.path(entry["backup"]), old, 0o600)
+    _write_record(node, rec)  # recorded before the configs change: an interrupted run can be undone
+    done: list[tuple[str, bytes | None, int]] = []
     try:
-        _atomic_write(cfg, new.encode(), mode, verify=_toml_ok(node.opts.containerd_config))
+        for target, data, old, mode in writes:
+            _atomic_write(node.path(target), data, mode, verify=_toml_ok(target))
+            done.append((target, old, mode))
+        for root_config, binary_for in checks:
+            if binary and root_config in loads:
+                problem = _dump_problem(node, binary, root_config, binary_for, wrapper)
+                if problem:
+                    raise InstallError(root_config, "", f"{problem}: every file put back, nothing registered")
     except InstallError:
+        for target, old, mode in reversed(done):
+            with contextlib.suppress(InstallError, OSError):
+                if old is None:
+                    node.path(target).unlink()
+                else:
+                    _atomic_write(node.path(target), old, mode)
         with contextlib.suppress(InstallError):
-            if not previous:
-                del before["containerd"]
             _write_record(node, before)
         raise
     return True
+
+
+def _state_files(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-file entries of a containerd record (a record from before imports: one file)."""
+    if "files" in state:
+        return [dict(e) for e in state["files"]]
+    if not state.get("config"):
+        return []
+    keys = ("created", "backup", "edits", "sha256")
+    return [
+        {"path": state["config"], "root": state["config"], "version": None, **{k: state.get(k) for k in keys}}
+    ]
+
+
+def _containerd_unit(node: Node, rec: dict[str, Any]) -> str:
+    """The systemd unit that runs the containerd registered: k3s and rke2 embed theirs (server or
+    agent, whichever is active), elsewhere ``containerd``."""
+    files = [str(f.get("path", "")) for f in _state_files(rec.get("containerd") or {})]
+    for distro, units in (("k3s", ("k3s", "k3s-agent")), ("rke2", ("rke2-server", "rke2-agent"))):
+        if any(p.startswith(f"/var/lib/rancher/{distro}/") for p in files):
+            active = [u for u in units if node.run(["systemctl", "is-active", "--quiet", u]).returncode == 0]
+            return active[0] if active else units[0]
+    return "containerd"
 
 
 def _restart(node: Node, engine: str) -> None:
@@ -486,8 +632,9 @@ def install(node: Node) -> int:
     opts = node.opts
     src = Path(opts.src)
     dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
-    if dpkg_owned and node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
-        raise InstallError("dpkg", PKG, "the package is installed by dpkg on this node: remove it first")
+    if dpkg_owned and node.path(DPKG_LIST).exists():
+        why = "installed by dpkg on this node: `installer register` registers its engines"
+        raise InstallError("dpkg", PKG, why)
     for option, value in (("--prefix", opts.libexec), ("--python", opts.python or "/usr/bin/python3")):
         if not PLAIN_PATH.fullmatch(value):
             raise InstallError(option, value, "expected a plain absolute path")  # a launcher names it
@@ -518,11 +665,60 @@ def install(node: Node) -> int:
     rec["versions"] = _prune(node, opts.keep, rec["history"])
     _write_record(node, rec)
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     where = f"hooks.d ({', '.join(rec['hooks_files'])})" + (", containerd" if "containerd" in rec else "")
     note = f"; {settings_changed}" if settings_changed else ""
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
+    return 0
+
+
+def register(node: Node) -> int:
+    """The engine step alone, for a hook installed by other means (the .deb ships the hooks.d
+    file and the wrapper): containerd's handlers, recorded like an install's so ``unregister``
+    (the .deb's prerm on remove) undoes exactly that."""
+    opts = node.opts
+    if opts.engine == "hooks.d" or not _containerd_wanted(node):
+        _say("no containerd on this node: nothing to register (hooks.d engines read the packaged file)")
+        return 0
+    rec = _read_record(node)
+    if rec.get("version") and not rec.get("registered_only"):
+        raise InstallError(
+            opts.state_dir, RECORD, "installed by the installer: `installer install` registers"
+        )
+    rec.update(libexec=opts.libexec, registered_only=True)
+    changed = _register_containerd(node, rec)
+    _write_record(node, rec)
+    if changed and opts.restart_engine:
+        _restart(node, _containerd_unit(node, rec))
+    files = ", ".join(f["path"] for f in rec["containerd"]["files"])
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(
+        f"registered containerd ({files}){restart}" if changed else f"containerd already registered ({files})"
+    )
+    return 0
+
+
+def unregister(node: Node) -> int:
+    """Undo ``register``: containerd's handlers back as they were, the shims and the record gone."""
+    opts = node.opts
+    rec = _read_record(node)
+    state = rec.get("containerd")
+    if not state or not rec.get("registered_only"):
+        _say("nothing registered by `installer register` on this node")
+        return 0
+    changed = _unregister_containerd(node, state)
+    for shim in state.get("shims", []):
+        node.path(shim, follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(f"{rec.get('libexec') or opts.libexec}/handlers").rmdir()
+    node.path(f"{opts.state_dir}/{RECORD}", follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(opts.state_dir).rmdir()
+    if changed and opts.restart_engine:
+        _restart(node, _containerd_unit(node, rec))
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(f"unregistered containerd{restart}")
     return 0
 
 
@@ -538,21 +734,37 @@ def apply_settings(node: Node) -> int:
 
 
 def _unregister_containerd(node: Node, state: dict[str, Any]) -> bool:
-    cfg = node.path(state["config"])
+    """Undo the recorded edits in every file; True when a file changed."""
+    changed = False
+    for entry in _state_files(state):
+        changed |= _unregister_file(node, entry)
+        if entry.get("backup"):
+            node.path(entry["backup"]).unlink(missing_ok=True)
+    return changed
+
+
+def _unregister_file(node: Node, entry: dict[str, Any]) -> bool:
+    path = entry["path"]
+    cfg = node.path(path)
     try:
         text = cfg.read_text()
     except FileNotFoundError:
         return False
-    edits = [engines.ContainerdEdit.from_json(e) for e in state.get("edits", [])]
-    backup = node.path(state["backup"]) if state.get("backup") else None
-    if _sha(text.encode()) == state.get("sha256") and backup is not None and backup.exists():
+    edits = [engines.ContainerdEdit.from_json(e) for e in entry.get("edits") or []]
+    backup = node.path(entry["backup"]) if entry.get("backup") else None
+    unchanged = _sha(text.encode()) == entry.get("sha256")
+    if unchanged and backup is not None and backup.exists():
         restored = backup.read_bytes()  # nobody changed it since: back byte for byte
+    elif unchanged and entry.get("created") and edits:
+        restored = b""
     else:
-        restored = engines.unregister_containerd(text, state["config"], edits).encode()
-    if state.get("created") and engines.parse(restored.decode(), state["config"]) in ({}, {"version": 2}):
+        restored = engines.unregister_containerd(text, path, edits, entry.get("version")).encode()
+    if entry.get("created") and (
+        not restored or engines.parse(restored.decode(), path) in ({}, {"version": 2})
+    ):
         cfg.unlink()
     elif restored != text.encode():
-        _atomic_write(cfg, restored, cfg.stat().st_mode & 0o777, verify=_toml_ok(state["config"]))
+        _atomic_write(cfg, restored, cfg.stat().st_mode & 0o777, verify=_toml_ok(path))
     else:
         return False
     return True
@@ -648,6 +860,9 @@ def _tasks_naming(node: Node, paths: list[str]) -> int:
 def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
+    if rec.get("registered_only"):  # the files are dpkg's: only the engine step is ours to undo
+        why = "registered by `installer register`: `installer unregister` undoes it"
+        raise InstallError(opts.state_dir, RECORD, why)
     hooks_file = node.path(f"{opts.hooks_dir}/{engines.HOOKS_NAME}", follow=False)
     if not rec and not node.path(opts.libexec).exists() and not hooks_file.exists():
         _say(f"nothing to remove under {node.root}: not installed (no {opts.state_dir}/{RECORD}, "
@@ -686,7 +901,7 @@ def uninstall(node: Node) -> int:
     if opts.purge:
         shutil.rmtree(node.path(opts.etc), ignore_errors=True)
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"removed{' ' + rec['version'] if rec.get('version') else ''}{restart}")
     if left:
@@ -709,7 +924,7 @@ def _ours(path: Path, libexec: str) -> bool:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="installer", description="install oci-device-hook on a node")
-    p.add_argument("action", choices=["install", "uninstall", "settings", "status"])
+    p.add_argument("action", choices=["install", "uninstall", "settings", "status", "register", "unregister"])
     p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
     p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
     p.add_argument("--prefix", "--libexec", dest="libexec", default=DEFAULTS["libexec"],
@@ -743,6 +958,10 @@ def main(argv: list[str] | None = None) -> int:
             return uninstall(node)
         if opts.action == "settings":
             return apply_settings(node)
+        if opts.action == "register":
+            return register(node)
+        if opts.action == "unregister":
+            return unregister(node)
         print(json.dumps(_read_record(node), indent=2, sort_keys=True))
         return 0
     except (HookError, InputError) as exc:

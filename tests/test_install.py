@@ -371,7 +371,7 @@ def test_installer_registers_containerd_handlers_and_restores_the_file(node: Nod
     check = doctor.check_containerd(node.containerd, str(node.libexec))
     assert check.ok and "nvidia (default), runc" in check.detail, check
     _ok(node.installer("install", tree))  # an upgrade: nothing more to edit, nothing to undo twice
-    assert len(node.record()["containerd"]["edits"]) == 2
+    assert [len(f["edits"]) for f in node.record()["containerd"]["files"]] == [2]
     _ok(node.installer("uninstall", tree))
     assert node.containerd.read_text() == GPU_OPERATOR_V2
     assert not doctor.check_containerd(node.containerd, str(node.libexec)).ok
@@ -699,8 +699,11 @@ def test_doctor_containerd_states(tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     assert doctor.check_containerd(cfg).ok  # absent: not a containerd node
     cfg.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  bin_dir = "/usr/lib/cni"\n')
-    bare = doctor.check_containerd(cfg)
+    bare = doctor.check_containerd(cfg, binary=None)  # read here: containerd's implicit runc handler
     assert not bare.ok and "implicit runc handler not registered" in bare.detail
+    if doctor.containerd_binary():  # containerd's own dump lists that handler
+        dumped = doctor.check_containerd(cfg)
+        assert not dumped.ok and "runc (default) not registered" in dumped.detail
     new, _ = engines.register_containerd(cfg.read_text(), str(cfg), {}, f"{doctor.LIBEXEC}/runtime")
     cfg.write_text(new)
     assert doctor.check_containerd(cfg).ok

@@ -384,3 +384,58 @@ def test_daemonset_installer_does_not_register_a_hook_the_node_cannot_run(tmp_pa
     assert proc.returncode == 1
     assert "cannot run the node's Python" in proc.stderr and len(proc.stderr.splitlines()) == 1
     assert list(node.base.iterdir()) == []  # nothing copied, nothing registered
+
+
+DEB_NODE_CONTAINERD = """\
+version = 2
+# the node's own config, byte for byte after unregister
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = true
+"""
+
+
+@needs_dpkg
+def test_deb_registers_containerd_with_the_installers_engine_step(deb: Path, tmp_path: Path) -> None:
+    """Issue 22 item 4: a dpkg-installed hook on a containerd node has a way forward."""
+    description = _dpkg("-f", str(deb), "Description")
+    assert "NRI" not in description and "installer register" in description
+    root = tmp_path / "node"
+    _dpkg("-x", str(deb), str(root))  # the package's files in a scratch node root
+    (root / "var/lib/dpkg/info").mkdir(parents=True)
+    (root / "var/lib/dpkg/info/oci-device-hook.list").write_text("/.\n")
+    cfg = root / "etc/containerd/config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(DEB_NODE_CONTAINERD)
+    installer = root / "usr/libexec/oci-device-hook/installer"
+
+    def run(action: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(installer), action, "--root", str(root)],
+            capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"]},
+        )  # fmt: skip
+
+    refused = run("install")
+    assert refused.returncode != 0 and "installer register" in refused.stderr, refused.stderr
+    done = run("register")
+    assert done.returncode == 0 and "registered containerd" in done.stderr, done.stderr
+    options = tomllib.loads(cfg.read_text())["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    assert options["runc"]["options"] == {
+        "BinaryName": "/usr/libexec/oci-device-hook/runtime",
+        "SystemdCgroup": True,
+    }
+    if shutil.which("containerd"):
+        dump = subprocess.run(
+            ["containerd", "--config", str(cfg), "config", "dump"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        plugins = tomllib.loads(dump)["plugins"]  # containerd 2.x dumps version 3 (cri.v1.runtime)
+        table = plugins.get("io.containerd.grpc.v1.cri") or plugins["io.containerd.cri.v1.runtime"]
+        runc = table["containerd"]["runtimes"]["runc"]
+        assert runc["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/runtime"
+    assert "installer unregister" in run("uninstall").stderr  # dpkg's files are not the installer's
+    undone = run("unregister")
+    assert undone.returncode == 0, undone.stderr
+    assert cfg.read_text() == DEB_NODE_CONTAINERD
+    assert not (root / "var/lib/oci-device-hook/install.json").exists()
