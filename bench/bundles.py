@@ -52,6 +52,26 @@ def build_launcher(dest: Path, interp: str = sys.executable) -> Path:
     return launcher
 
 
+def build_bundled_launcher(dest: Path, lib: Path) -> Path:
+    """``dest/hook``: the launcher the package installs with its own interpreter (``packaging/
+    bundle-python`` of /usr/bin/python3 in ``dest/python``, started through its own loader from
+    ``packaging/launcher.sh.in``), on the same ``lib`` as ``build_launcher``'s."""
+    import subprocess
+
+    pkg = REPO / "packaging"
+    subprocess.run([str(pkg / "bundle-python"), str(dest / "python")], check=True, stdout=subprocess.DEVNULL)
+    (dest / "lib").symlink_to(lib)
+    shutil.copy2(pkg / "launcher", dest / "launcher.py")
+    loader = next(p.name for p in (dest / "python" / "lib").glob("ld-*.so*"))
+    text = (pkg / "launcher.sh.in").read_text()
+    for key, value in {"@PYTHON@": f"{dest}/python", "@LOADER@": loader, "@DIR@": str(dest)}.items():
+        text = text.replace(key, value)
+    launcher = dest / "hook"
+    launcher.write_text(text)
+    launcher.chmod(0o755)
+    return launcher
+
+
 def launcher_flags(launcher: Path) -> str:
     return launcher.read_text().partition("\n")[0].split()[-1]
 

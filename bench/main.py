@@ -157,6 +157,17 @@ class Bench:
         self.add(Row("(1h) the hook against the floor, no-device container", "runc + `python3 -ISB -c pass`",
                      paired(floor, hooked, self.reps)))
 
+    def bundled_rows(self) -> None:
+        """The launcher the .deb and the DaemonSet install: its own interpreter through its own loader."""
+        bundled = bundles.build_bundled_launcher(self.tmp / "bundled", self.lib)
+        bare = self.runc_sample("nodev-bare", bundles.nodev_config, None)
+        hooked = self.runc_sample("nodev-bundled", bundles.nodev_config, self.hooks([str(bundled)]))
+        self.add(Row("(1b) `runc run`, no-device container, the hook on the bundled interpreter", "bare runc",
+                     paired(bare, hooked, self.reps), 1.35))
+        system = self.runc_sample("nodev-hook", bundles.nodev_config, self.hooks([str(self.launcher)]))
+        self.add(Row("(1bs) the bundled interpreter against the system's, no-device container",
+                     "runc + hook on `python3 -ISB`", paired(system, hooked, self.reps)))
+
     def slice_rows(self, version: int) -> None:
         launcher = [str(self.launcher)]
         bare = self.runc_sample(f"slice{version}-bare", bundles.slice_config, None)
@@ -579,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
             with cgroup2():
                 decider(2)
 
-        steps = {"nodev": b.nodev_rows, "slice": lambda: b.slice_rows(1), "slice-v2": v2,
+        steps = {"nodev": b.nodev_rows, "bundled": b.bundled_rows, "slice": lambda: b.slice_rows(1),
+                 "slice-v2": v2,
                  "scale": b.scale_rows, "parallel": b.parallel_rows, "wrapper": b.wrapper_rows,
                  "wrapper-run": lambda: b.add_all(wrapper_rows(b, RUNC)),
                  "linear": b.linear_checks, "alone": b.hook_alone_rows, "cdi": b.cdi_rows,

@@ -8,6 +8,7 @@ fails (exit 1) when any check fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -266,26 +267,141 @@ def _is_our_hook(doc: dict[str, Any], libexec: str) -> bool:
     return path in (HOOK_PATH, f"{libexec}/hook")
 
 
-def check_containerd(config: Path, libexec: str = LIBEXEC) -> Check:
-    """containerd: every runc-type runtime handler runs the runtime wrapper (spec-level mode)."""
-    from hook.engines import RUNC_TYPES, handlers
+CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+K3S_SOCKET = "/run/k3s/containerd/containerd.sock"  # k3s and rke2 alike
+K3S_CONFIGS = tuple(f"/var/lib/rancher/{d}/agent/etc/containerd/config.toml" for d in ("k3s", "rke2"))
+
+
+def _host_reader() -> tuple[Any, Any]:
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text()
+        except FileNotFoundError:
+            return None
+
+    def listdir(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    return read, listdir
+
+
+def containerd_binary() -> str | None:
+    """The node's containerd, whose own ``config dump`` says what it runs with."""
+    return next((b for b in CONTAINERD_BINARIES if os.access(b, os.X_OK)), None)
+
+
+def _dumped(binary: str, config: Path) -> tuple[int, list[Any], str]:
+    """(version, handlers) as ``containerd --config F config dump`` reads F and its imports."""
+    import subprocess
+
+    from hook.engines import config_version, cri_plugin, handlers_in, parse
+
+    proc = subprocess.run(
+        [binary, "--config", str(config), "config", "dump"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise ValueError(
+            f"containerd cannot load it: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
+        )
+    doc = parse(proc.stdout, f"{binary} config dump")
+    version = config_version(doc, False)
+    if cri_plugin(version) not in (doc.get("plugins") or {}):
+        raise LookupError("the CRI plugin is disabled: no handlers in the dump")
+    return version, handlers_in(doc, version), str(doc.get("grpc", {}).get("address") or "")
+
+
+def _judge(config: Path, how: str, version: int, found: list[Any], libexec: str) -> Check:
+    from hook.engines import RUNC_TYPES
+
+    fix = "run the installer (packaging/kubernetes; a .deb: installer register) and restart containerd"
+    where = f"{config} ({how})"
+    runc = [h for h in found if h.runtime_type in RUNC_TYPES]
+    if not runc:
+        return Check("containerd", False, f"{where}: containerd's implicit runc handler not registered", fix)
+    ours = {f"{libexec}/runtime"} | {f"{libexec}/handlers/{h.name}" for h in runc}
+    names = {h.name: f"{h.name}{' (default)' if h.default else ''}" for h in runc}
+    missing = [names[h.name] for h in runc if h.binary not in ours]
+    if missing:
+        return Check("containerd", False, f"{where}: handler(s) {', '.join(missing)} not registered", fix)
+    listed = ", ".join(names.values())
+    return Check(
+        "containerd", True, f"{config} (version {version}, {how}): {listed} run the wrapper (spec level)"
+    )
+
+
+def _socket_listens(path: str) -> bool:
+    import socket
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def check_containerd(
+    config: Path,
+    libexec: str = LIBEXEC,
+    *,
+    binary: str | None = "",
+    socket_path: str = "",
+    stopped_ok: bool = False,
+) -> Check:
+    """containerd: every runc-type runtime handler of the configuration containerd actually runs
+    (its own ``config dump`` where the binary is there, else ``config`` and its imports under
+    both merge rules, ``hook.ctdconfig``) runs the runtime wrapper (spec-level mode).
+
+    With ``stopped_ok`` (the whole checklist), a containerd that is not running (nothing listens
+    on its socket) is reported, not failed: a podman host may have the package and its config
+    without running it."""
+    from hook import ctdconfig, engines
 
     if not config.exists():
         return Check("containerd", True, f"{config} absent: containerd not configured on this node")
+    binary = containerd_binary() if binary == "" else binary
+    address = ""
     try:
-        version, found = handlers(config.read_text(), str(config))
+        read, listdir = _host_reader()
+        files, version = ctdconfig.load(str(config), read, listdir)  # refuses what the installer would
+        address = str(engines.parse(files[0].text, str(config)).get("grpc", {}).get("address") or "")
+        dumped: tuple[int, list[Any], str] | None = None
+        if binary:
+            with contextlib.suppress(LookupError):  # CRI disabled: judged from the files below
+                dumped = _dumped(binary, config)
+        if dumped is not None:
+            version, found, dumped_address = dumped
+            address = dumped_address or address
+            check = _judge(config, "containerd config dump", version, found, libexec)
+        else:
+            check = Check("containerd", True, "")
+            for rule in ctdconfig.RULES:
+                how = f"{len(files)} file(s), containerd {'1.x' if rule == 'replace' else '2.x'} merge"
+                found = ctdconfig.effective_handlers(files, version, rule)
+                check = _judge(config, how, version, found, libexec)
+                if not check.ok:
+                    break
     except Exception as exc:  # a doctor reports; it never crashes on what it inspects
-        return Check("containerd", False, str(exc), "fix the config, then run the installer")
-    fix = "run the installer (packaging/kubernetes) and restart containerd"
-    runc = [h for h in found if h.runtime_type in RUNC_TYPES]
-    if not runc:
-        return Check("containerd", False, f"{config}: containerd's implicit runc handler not registered", fix)
-    ours = {f"{libexec}/runtime"} | {f"{libexec}/handlers/{h.name}" for h in runc}
-    missing = [h.name for h in runc if h.binary not in ours]
-    listed = ", ".join(f"{h.name}{' (default)' if h.default else ''}" for h in runc)
-    if missing:
-        return Check("containerd", False, f"{config}: handler(s) {', '.join(missing)} not registered", fix)
-    return Check("containerd", True, f"{config} (version {version}): {listed} run the wrapper (spec level)")
+        check = Check("containerd", False, str(exc), "fix the config, then run the installer")
+    k3s = any(str(config).endswith(k) for k in K3S_CONFIGS)  # k3s passes its socket on the command line
+    sock = socket_path or address or (K3S_SOCKET if k3s else CONTAINERD_SOCKET)
+    if stopped_ok and not check.ok and not _socket_listens(sock):
+        return Check(
+            "containerd", True, f"installed but not running (nothing listens on {sock}): {check.detail}"
+        )
+    return check
 
 
 def _base_spec_check(handler: str, field: str, spec_file: str, libexec: str) -> Check:
@@ -314,10 +430,13 @@ def check_base_spec(config: Path, libexec: str = LIBEXEC) -> list[Check]:
     """containerd: for each runtime handler with a ``base_runtime_spec``, whether that OCI spec
     registers our hook, and whether it runs after NVIDIA's hook (runc runs prestart, then
     createRuntime, each in array order); ``[]`` when no handler names a base spec."""
-    from hook.engines import cri_plugin, handlers
+    from hook import ctdconfig
+    from hook.engines import cri_plugin
 
     try:
-        version, found = handlers(config.read_text(), str(config))
+        read, listdir = _host_reader()
+        files, version = ctdconfig.load(str(config), read, listdir)
+        found = ctdconfig.effective_handlers(files, version, "merge")
     except Exception:  # check_containerd reports an unreadable config already
         return []
     prefix = f'plugins."{cri_plugin(version)}".containerd.runtimes'
@@ -399,6 +518,26 @@ def render(checks: Sequence[Check], fmt: str) -> str:
     return "\n".join(lines)
 
 
+def installed_prefix(hook_dir: str) -> str:
+    """The install prefix this hook runs from (``hook_dir``: the ``hook`` package's directory):
+    ``<prefix>/lib/hook`` (the .deb) or ``<prefix>/versions/<v>/lib/hook`` (the installer), where
+    ``<prefix>`` holds the launcher; ``LIBEXEC`` for any other layout (a checkout, a venv). A node
+    installed under ``/opt/oci-device-hook`` is then judged by what points there."""
+    lib = Path(hook_dir).parent
+    base = lib.parent
+    if lib.name != "lib" or not (base / "launcher.py").is_file():
+        return LIBEXEC
+    return str(base.parent.parent) if base.parent.name == "versions" else str(base)
+
+
+def _containerd_config(host_root: Path) -> Path:
+    """/etc/containerd/config.toml, or on a k3s/rke2 node the config its containerd runs."""
+    for k3s in K3S_CONFIGS:
+        if (host_root / k3s.lstrip("/")).is_file():
+            return host_root / k3s.lstrip("/")
+    return CONTAINERD_CONFIG
+
+
 def run_doctor(
     driver_root: Path,
     spec_dirs: list[Path],
@@ -409,22 +548,26 @@ def run_doctor(
     mounts_file: Path = Path("/proc/self/mounts"),
     containerd_config: Path | None = None,
     host_root: Path = Path("/"),
+    containerd_socket: str = "",
 ) -> tuple[str, int]:
     """Run every check; return the report and the exit status (1 when any check failed).
 
     hooks.d (CRI-O, podman) and containerd are checked each; a node needs one of them, so the
     one that is not registered fails only when the other is not registered either."""
-    config = containerd_config or CONTAINERD_CONFIG
-    engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs), check_containerd(config)]
+    config = containerd_config or _containerd_config(host_root)
+    prefix = installed_prefix(str(Path(__file__).parent))
+    containerd_check = check_containerd(config, prefix, stopped_ok=True, socket_path=containerd_socket)
+    engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs, prefix), containerd_check]
     containerd = engines[2]
-    if not engines[0].ok and containerd.ok and "absent" not in containerd.detail:
+    used = containerd.ok and not containerd.detail.endswith("absent: containerd not configured on this node")
+    if not engines[0].ok and used and not containerd.detail.startswith("installed but not running"):
         engines[0] = Check(engines[0].name, True, f"not used: {engines[0].detail} (containerd is registered)")
     checks = [
         check_driver(driver_root),
         check_cdi(spec_dirs),
         check_cgroup(mounts_file),
         *engines,
-        *check_base_spec(config),
+        *check_base_spec(config, prefix),
         check_settings(settings_file),
         check_kubelet(settings_file, host_root),
         check_kubelet_dra(settings_file, host_root),

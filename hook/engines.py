@@ -35,6 +35,7 @@ __all__ = [
     "cri_plugin",
     "config_version",
     "handlers",
+    "handlers_in",
     "register_containerd",
     "unregister_containerd",
     "hooks_file_name",
@@ -97,13 +98,24 @@ def parse(text: str, source: str) -> dict[str, Any]:
         raise InputError(source, "", f"not valid TOML ({exc})") from None
 
 
-def handlers(text: str, source: str) -> tuple[int, list[Handler]]:
-    """The config's version and its runtime handlers (``[]`` where it defines none)."""
+def handlers(text: str, source: str, version: int | None = None) -> tuple[int, list[Handler]]:
+    """The config's version and its runtime handlers (``[]`` where it defines none).
+
+    ``version`` is the root config's for an imported file (containerd reads a drop-in's plugin
+    names as its root's; ``hook.ctdconfig`` checks the drop-in's own ``version`` agrees)."""
     doc = parse(text, source)
-    version = config_version(doc, not text.strip())
+    if version is None:
+        version = config_version(doc, not text.strip())
     if version not in (2, 3):
         raise InputError(source, "version", f"containerd config version {version} is not supported (2 or 3)")
+    return version, handlers_in(doc, version)
+
+
+def handlers_in(doc: Mapping[str, Any], version: int) -> list[Handler]:
+    """The runtime handlers of a decoded config (or of a merged view of several)."""
     runtimes = _get(doc, _runtimes_path(version)) or {}
+    if not isinstance(runtimes, Mapping):
+        return []
     default = _get(doc, ["plugins", cri_plugin(version), "containerd", "default_runtime_name"]) or "runc"
     out = []
     for name, body in runtimes.items():
@@ -120,7 +132,7 @@ def handlers(text: str, source: str) -> tuple[int, list[Handler]]:
                 base if isinstance(base, str) else "",
             )
         )
-    return version, out
+    return out
 
 
 # --- TOML text, line by line ------------------------------------------------------------------------
@@ -229,7 +241,14 @@ def _header_text(path: Sequence[str]) -> str:
 
 
 def register_containerd(
-    text: str, source: str, binary_for: Mapping[str, str], default_binary: str
+    text: str,
+    source: str,
+    binary_for: Mapping[str, str],
+    default_binary: str,
+    *,
+    version: int | None = None,
+    names: Sequence[str] | None = None,
+    add_runc: bool | None = None,
 ) -> tuple[str, list[ContainerdEdit]]:
     """Point every runc-type handler's ``BinaryName`` at the wrapper; the new text and the edits.
 
@@ -238,18 +257,26 @@ def register_containerd(
     ``default_binary``. A config without handlers gets a ``runc`` handler (containerd's implicit
     default made explicit). A layout this line editor cannot change safely is an error, and
     nothing is changed.
+
+    In one file of several (containerd ``imports``; ``hook.ctdconfig`` plans them): ``version``
+    is the root's, ``names`` the handlers to edit here (their type may be set in another file),
+    ``add_runc`` whether this file gets the ``runc`` handler when it defines none.
     """
-    version, found = handlers(text, source)
+    drop_in = version is not None
+    version, found = handlers(text, source, version)
     prefix = _runtimes_path(version)
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    if not text.strip():
+    if not text.strip() and not drop_in:
         lines = ["version = 2\n"]
-    todo = [h for h in found if h.runtime_type in RUNC_TYPES] or (
-        [Handler("runc", DEFAULT_RUNTIME_TYPE, "", True)] if not found else []
-    )
-    if not todo:
+    if names is not None:
+        todo = [h for h in found if h.name in names]
+    else:
+        todo = [h for h in found if h.runtime_type in RUNC_TYPES]
+    if not found and (add_runc if add_runc is not None else names is None):
+        todo = [Handler("runc", DEFAULT_RUNTIME_TYPE, "", True)]
+    if not todo and names is None:
         raise InputError(source, ".".join(prefix), "no runc-type runtime handler to register with")
     edits: list[ContainerdEdit] = []
     appended: list[str] = []
@@ -291,7 +318,9 @@ def register_containerd(
         ]
         edits.append(ContainerdEdit(handler=h.name, binary=want, added_tables=(runtime_path, options_path)))
     new = "".join(lines + appended)
-    _check(text, new, source, version, {e.handler: e.binary for e in edits}, edits)
+    if not edits:
+        return text, []
+    _check(text, new, source, version, {e.handler: e.binary for e in edits}, edits, drop_in)
     return new, edits
 
 
@@ -302,10 +331,11 @@ def _check(
     version: int,
     binaries: Mapping[str, str],
     edits: Sequence[ContainerdEdit],
+    drop_in: bool = False,
 ) -> None:
     """``new`` must read as ``old`` with exactly the intended BinaryName values (and no other change)."""
     expected = copy.deepcopy(parse(old, source))
-    if not old.strip():
+    if not old.strip() and not drop_in:
         expected["version"] = 2
     for e in edits:
         node = expected
@@ -320,10 +350,12 @@ def _check(
         raise InputError(source, "", "the edited config would not read as intended; nothing changed")
 
 
-def unregister_containerd(text: str, source: str, edits: Sequence[ContainerdEdit]) -> str:
+def unregister_containerd(
+    text: str, source: str, edits: Sequence[ContainerdEdit], version: int | None = None
+) -> str:
     """Undo ``edits`` in the current text, whatever else changed since: a BinaryName that still
     names our wrapper gets its previous line back (or goes), and a table we added goes when empty."""
-    version, _ = handlers(text, source)
+    version, _ = handlers(text, source, version)
     prefix = _runtimes_path(version)
     lines = text.splitlines(keepends=True)
     for e in edits:

@@ -1,10 +1,14 @@
 """Install, register, upgrade, roll back and uninstall the hook on a node (the DaemonSet's work).
 
 Rule: the imperative shell around ``hook.engines``. Each version lives in its own directory,
-``<libexec>/versions/<version>``, byte-compiled by the node's own Python; one symlink,
-``<libexec>/current``, is switched by renaming a new symlink over it, so a hook that has started
-keeps importing from the version it started with (the launcher resolves its real path once).
-Nothing is registered before the node's Python is checked and the new version imports there.
+``<prefix>/versions/<version>``, with its own interpreter (the tree's bundled ``python/``, started
+through its own loader, so the node's python3 and libc play no part) or, only when the operator
+names one with ``--python``, on the node's Python; one symlink, ``<prefix>/current``, is switched
+by renaming a new symlink over it, so a hook that has started keeps importing from the version it
+started with (each version's launcher names that version's paths). The prefix is a setting
+(``--prefix``): ``/usr/libexec/oci-device-hook`` by default, a writable, exec-able path such as
+``/opt/oci-device-hook`` or ``/home/kubernetes/bin/oci-device-hook`` where ``/usr`` is read-only.
+Nothing is registered before the new version's interpreter runs it inside the node's root.
 Every change to an engine's config is recorded in ``<state>/install.json`` with what it replaced,
 so uninstall undoes exactly that and nothing else. Engines are restarted only when asked.
 
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hook import engines, nodefs
+from hook import ctdconfig, engines, nodefs
 from hook.errors import HookError, InputError
 
 __all__ = ["main", "install", "uninstall"]
@@ -44,11 +48,14 @@ DEFAULTS = {
     "state_dir": "/var/lib/oci-device-hook",
     "containerd_config": "/etc/containerd/config.toml",
     "containerd_state": "/run/containerd",
-    "python": "/usr/bin/python3",
 }
+BUNDLED = "python"  # the tree's self-contained interpreter, <version>/python (packaging/bundle-python)
+PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_.+-]+)+")  # what the launchers and the wrapper name unquoted
 OTHER_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
+K3S_AGENT_DIRS = ("/var/lib/rancher/k3s/agent", "/var/lib/rancher/rke2/agent")
 RECORD = "install.json"
+DPKG_LIST = "/var/lib/dpkg/info/oci-device-hook.list"
 
 
 class InstallError(HookError):
@@ -136,6 +143,79 @@ def _write_record(node: Node, rec: dict[str, Any]) -> None:
 # --- checks ------------------------------------------------------------------------------------------
 
 
+def bundled_version(src: Path) -> str:
+    """The tree's bundled interpreter's version (``python/bin/python3`` -> ``python3.X``), or
+    InstallError with one line when the tree has none."""
+    bin_dir = src / "usr/libexec/oci-device-hook" / BUNDLED / "bin"
+    try:
+        target = os.readlink(bin_dir / "python3")
+    except OSError:
+        raise InstallError(
+            str(bin_dir.parent),
+            "",
+            "no bundled interpreter in this tree (--python PATH: the node's own Python >= 3.11)",
+        ) from None
+    m = re.fullmatch(r"python(\d+)\.(\d+)", target)
+    if not m or (int(m.group(1)), int(m.group(2))) < MIN_PYTHON:
+        raise InstallError(str(bin_dir / "python3"), "", f"names {target!r}; the hook needs Python >= 3.11")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def interpreter(node: Node, version_dir: str) -> list[str]:
+    """argv that starts the Python the hook runs on from ``version_dir`` (a node path): the bundled
+    one through its own loader, or the node's named by ``--python``."""
+    if node.opts.python:
+        return [node.opts.python]
+    lib = f"{version_dir}/{BUNDLED}/lib"
+    return [f"{lib}/{_loader(node.path(lib))}", "--library-path", lib, f"{version_dir}/{BUNDLED}/bin/python3"]
+
+
+def _loader(lib: Path) -> str:
+    loaders = sorted(p.name for p in lib.glob("ld-*.so*"))
+    if not loaders:
+        raise InstallError(str(lib), "", "no dynamic loader in the bundled interpreter")
+    return loaders[0]
+
+
+def _launcher(node: Node, staged: Path, final: str) -> str:
+    """The hook's launcher for one version (staged at ``staged``, to live at node path ``final``),
+    naming that version's own paths: a started hook never mixes two versions."""
+    if node.opts.python:
+        source = staged / "launcher.py"
+        body = (source if source.exists() else staged / "hook").read_text().partition("\n")[2]
+        return f"#!{node.opts.python} -ISB\n{body}"
+    loader = _loader(staged / BUNDLED / "lib")
+    values = {"@PYTHON@": f"{final}/{BUNDLED}", "@LOADER@": loader, "@DIR@": final}
+    text = (staged / "launcher.sh.in").read_text()
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
+
+
+def _writable(node: Node, node_path: str) -> bool:
+    """Whether ``node_path`` (or, where it does not exist yet, its nearest existing parent) can be
+    written on the node: false on a read-only /usr."""
+    path = node.path(node_path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return os.access(path, os.W_OK)
+
+
+def check_paths(node: Node) -> None:
+    """A read-only prefix is refused with what to set instead; the default hooks.d directory under a
+    read-only /usr gives way to /etc/containers/oci/hooks.d (podman and CRI-O read both)."""
+    opts = node.opts
+    if not _writable(node, opts.libexec):
+        raise InstallError(
+            "--prefix",
+            opts.libexec,
+            "not writable on this node (a read-only /usr?): choose a writable, exec-able prefix such as "
+            "/opt/oci-device-hook or /home/kubernetes/bin/oci-device-hook (docs/operators.md, node images)",
+        )
+    if opts.hooks_dir == DEFAULTS["hooks_dir"] and not _writable(node, opts.hooks_dir):
+        opts.hooks_dir = OTHER_HOOKS_DIRS[1]
+
+
 def check_python(node: Node) -> str:
     """The node's Python version, or InstallError with one line when it cannot run the hook."""
     python = node.opts.python
@@ -165,41 +245,51 @@ _IMPORT_CHECK = "import hook.entry, hook.fastpath, hook.live, hook.settings"
 
 
 def _stage_version(node: Node, src: Path, version: str) -> None:
-    """Copy the tree's libexec into ``versions/<version>``, byte-compile it with the node's Python,
-    check that it imports there, and only then move it into place."""
+    """Copy the tree's libexec into ``versions/<version>`` (with its bundled interpreter, unless the
+    node's was asked for), write its launcher, byte-compile the hook with the interpreter it will
+    run on, check that it imports there (inside the node's root: a noexec prefix or a missing
+    library shows here), and only then move it into place."""
     libexec = node.opts.libexec
     versions = node.path(libexec) / "versions"
     versions.mkdir(parents=True, exist_ok=True)
     tmp_name = f".tmp-{version}-{os.getpid()}"
     tmp = versions / tmp_name
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src / "usr/libexec/oci-device-hook", tmp, symlinks=True)
-    for junk in tmp.rglob("__pycache__"):
-        shutil.rmtree(junk, ignore_errors=True)  # compiled for the build's Python: the node's compiles next
+    skip = shutil.ignore_patterns(BUNDLED) if node.opts.python else None
+    shutil.copytree(src / "usr/libexec/oci-device-hook", tmp, symlinks=True, ignore=skip)
+    if node.opts.python:
+        for junk in tmp.rglob("__pycache__"):
+            shutil.rmtree(junk, ignore_errors=True)  # the build's Python's: the node's compiles next
     node_tmp = f"{libexec}/versions/{tmp_name}"
-    python = node.opts.python
+    final = f"{libexec}/versions/{version}"
+    try:
+        _atomic_write(tmp / "hook", _launcher(node, tmp, final).encode(), 0o755)
+        python = interpreter(node, node_tmp)
+    except (OSError, InstallError):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     # one process: ``-j 0`` would need a writable /dev/shm (multiprocessing's semaphores), which a
     # node's chroot or a DaemonSet's mount may lack, and gains nothing on a few dozen files
     check = f"import sys; sys.path.insert(0, {node_tmp + '/lib'!r}); {_IMPORT_CHECK}"
     steps = (
-        ("byte-compile", [python, "-I", "-m", "compileall", "-q", "-d", f"{libexec}/versions/{version}",
-                          node_tmp]),
-        ("import", [python, "-ISB", "-c", check]),
+        ("byte-compile", [*python, "-I", "-m", "compileall", "-q", "-d", f"{final}/lib", f"{node_tmp}/lib"]),
+        ("import", [*python, "-ISB", "-c", check]),
     )
+    who = node.opts.python or "the bundled interpreter"
     for step, argv in steps:
         proc = node.run(argv)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            why = f"the node's Python cannot {step} version {version}: {_cause(proc)}"
-            raise InstallError(python, "", why)
-    final = versions / version
-    if final.exists():
+            why = f"cannot {step} version {version} under {libexec} on this node: {_cause(proc)}"
+            raise InstallError(who, "", why)
+    final_dir = versions / version
+    if final_dir.exists():
         aside = versions / f".old-{version}-{os.getpid()}"
-        os.replace(final, aside)
-        os.replace(tmp, final)
+        os.replace(final_dir, aside)
+        os.replace(tmp, final_dir)
         shutil.rmtree(aside, ignore_errors=True)
     else:
-        os.replace(tmp, final)
+        os.replace(tmp, final_dir)
 
 
 def _cause(proc: subprocess.CompletedProcess[str]) -> str:
@@ -260,7 +350,7 @@ def _apply_settings(node: Node, version: str, settings: Path | None, src: Path) 
         f"try: load_settings(Path({node_copy!r}), required=True)\n"
         "except HookError as e: print(e, file=sys.stderr); sys.exit(1)"
     )
-    proc = node.run([node.opts.python, "-ISB", "-c", code])
+    proc = node.run([*interpreter(node, f"{node.opts.libexec}/versions/{version}"), "-ISB", "-c", code])
     node.path(node_copy).unlink(missing_ok=True)
     if proc.returncode != 0:
         why = proc.stderr.strip().replace(node_copy, str(settings))
@@ -309,8 +399,10 @@ def _containerd_wanted(node: Node) -> bool:
         return True
     if node.opts.engine == "hooks.d":
         return False
-    return node.path(node.opts.containerd_config).exists() or any(
-        node.path(b).exists() for b in CONTAINERD_BINARIES
+    return (
+        node.path(node.opts.containerd_config).exists()
+        or any(node.path(b).exists() for b in CONTAINERD_BINARIES)
+        or any(node.path(f"{a}/etc/containerd/config.toml").exists() for a in K3S_AGENT_DIRS)
     )
 
 
@@ -332,59 +424,201 @@ def _sh_quote(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
-def _register_containerd(node: Node, rec: dict[str, Any]) -> bool:
-    """Edit containerd's config (backup and edits recorded first); True when the file changed."""
-    cfg = node.path(node.opts.containerd_config)
+def _read_in_root(node: Node) -> tuple[Callable[[str], str | None], Callable[[str], list[str]]]:
+    def read(path: str) -> str | None:
+        try:
+            return node.path(path).read_text()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InstallError(path, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+    def listdir(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(node.path(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    return read, listdir
+
+
+def containerd_configs(node: Node) -> list[tuple[str, str | None]]:
+    """The root configs to register, each with the text to start from where it is absent.
+
+    ``--containerd-config`` when given; on a k3s or rke2 node (its agent's rendered
+    ``config.toml`` present) the template k3s renders that file from on every start — the file
+    that wins — and the rendered file itself (what containerd runs until then). A template that
+    does not exist yet is made from the rendered file (k3s then renders it as it is)."""
+    given = node.opts.containerd_config
+    if given != DEFAULTS["containerd_config"]:
+        return [(given, None)]
+    for agent in K3S_AGENT_DIRS:
+        rendered = f"{agent}/etc/containerd/config.toml"
+        if not node.path(rendered).is_file():
+            continue
+        text = node.path(rendered).read_text()
+        version, _ = engines.handlers(text, rendered)
+        names = ("config-v3.toml.tmpl", "config.toml.tmpl") if version == 3 else ("config.toml.tmpl",)
+        templates = [f"{agent}/etc/containerd/{n}" for n in names]
+        template = next((t for t in templates if node.path(t).exists()), templates[0])
+        return [(template, text), (rendered, None)]
+    return [(given, None)]
+
+
+def _backup_name(node: Node, path: str) -> str:
+    flat = re.sub(r"[^A-Za-z0-9._-]", "_", path.strip("/"))
+    if path == DEFAULTS["containerd_config"]:
+        return f"{node.opts.state_dir}/containerd-config.toml.orig"  # the name before imports were followed
+    return f"{node.opts.state_dir}/containerd-{flat}.orig"
+
+
+def _plan(
+    node: Node, root_config: str, seed: str | None, wrapper: str
+) -> tuple[list[tuple[ctdconfig.ConfigFile, str, list[engines.ContainerdEdit]]], int, dict[str, str]]:
+    """The files one root config loads (imports followed inside the root), their new texts, the
+    root's version, and the shim for each handler whose runc binary is not runc's."""
+    read, listdir = _read_in_root(node)
+    current = read(root_config)
+    if seed is not None and "{{" in (current or seed):
+        raise InstallError(root_config, "", "a Go template (k3s renders it): register the handlers by hand")
+    if seed is not None and current is None:
+        files, version = ctdconfig.load(root_config, lambda p: seed if p == root_config else read(p), listdir)
+        files = (ctdconfig.ConfigFile(root_config, seed, False), *files[1:])  # made from the rendered file
+    else:
+        files, version = ctdconfig.load(root_config, read, listdir)
+    merged = ctdconfig.binaries(files, version)
+    ours = {wrapper} | {f"{node.opts.libexec}/handlers/{n}" for n in merged}
+    binary_for = {
+        h.name: h.binary if h.binary in ours else _handler_shim(node, h.name, h.binary)
+        for h in merged.values()
+        if h.runtime_type in engines.RUNC_TYPES and h.binary and h.binary != wrapper
+    }
+    return ctdconfig.plan_register(files, version, binary_for, wrapper), version, binary_for
+
+
+def _containerd_binary(node: Node) -> str | None:
+    return next((b for b in CONTAINERD_BINARIES if os.access(node.path(b), os.X_OK)), None)
+
+
+def _dump_problem(node: Node, binary: str, root_config: str, binary_for: dict[str, str], wrapper: str) -> str:
+    """'' when the node's own ``containerd config dump`` runs every runc-type handler through the
+    wrapper, else what it reads instead."""
+    proc = node.run([binary, "--config", root_config, "config", "dump"])
+    if proc.returncode != 0:
+        return f"containerd cannot load it: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
     try:
-        old = cfg.read_bytes()
-        existed = True
-    except FileNotFoundError:
-        old, existed = b"", False
-    except OSError as exc:
-        raise InstallError(str(cfg), "", f"cannot read: {exc.strerror or exc}") from None
-    text = old.decode()
-    _, found = engines.handlers(text, node.opts.containerd_config)
+        doc = engines.parse(proc.stdout, f"{binary} config dump")
+    except InputError as exc:
+        return str(exc)
+    version = engines.config_version(doc, False)
+    if engines.cri_plugin(version) not in (doc.get("plugins") or {}):
+        return ""  # the CRI plugin is disabled: the dump has no handlers to judge (the plan was checked)
+    found = [h for h in engines.handlers_in(doc, version) if h.runtime_type in engines.RUNC_TYPES]
+    wrong = [f"{h.name}={h.binary or 'runc'}" for h in found if h.binary != binary_for.get(h.name, wrapper)]
+    if wrong or not found:
+        return f"containerd reads {', '.join(wrong) or 'no runc handler'}"
+    return ""
+
+
+def _register_containerd(node: Node, rec: dict[str, Any]) -> bool:
+    """Edit every file containerd reads for its runc handlers (backups and edits recorded first);
+    True when a file changed. With the node's containerd binary there, its own ``config dump``
+    must then read the registration, or every file goes back as it was."""
     wrapper = f"{node.opts.libexec}/runtime"
     if not os.access(node.path(wrapper), os.X_OK):
         # a BinaryName naming a missing file would stop every pod on the node
         raise InstallError(wrapper, "", "no runtime wrapper in this version: containerd not registered")
-    ours = {wrapper} | {f"{node.opts.libexec}/handlers/{h.name}" for h in found}
-    binary_for = {
-        h.name: h.binary if h.binary in ours else _handler_shim(node, h.name, h.binary)
-        for h in found
-        if h.runtime_type in engines.RUNC_TYPES and h.binary and h.binary != wrapper
-    }
-    new, edits = engines.register_containerd(text, node.opts.containerd_config, binary_for, wrapper)
     previous = rec.get("containerd") or {}
+    entries = {e["path"]: e for e in _state_files(previous)}
+    shims = set(previous.get("shims", []))
+    writes: list[tuple[str, bytes, bytes | None, int]] = []  # path, new, old (None: absent), mode
+    checks: list[tuple[str, dict[str, str]]] = []
+    for root_config, seed in containerd_configs(node):
+        planned, version, binary_for = _plan(node, root_config, seed, wrapper)
+        shims |= set(binary_for.values())
+        checks.append((root_config, binary_for))
+        for f, new, edits in planned:
+            entry = entries.setdefault(
+                f.path,
+                {"path": f.path, "root": root_config, "created": not f.exists, "backup": "", "edits": []},
+            )
+            entry["version"] = None if f.path == root_config else version
+            if not edits:
+                entry.setdefault("sha256", _sha(f.text.encode()))
+                continue
+            entry["edits"] = list(entry["edits"]) + [e.to_json() for e in edits]
+            entry["sha256"] = _sha(new.encode())
+            host = node.path(f.path)
+            mode = host.stat().st_mode & 0o777 if f.exists else 0o644
+            writes.append((f.path, new.encode(), f.text.encode() if f.exists else None, mode))
     state = {
-        "config": node.opts.containerd_config,
-        "created": previous.get("created", not existed),
-        "backup": previous.get("backup", ""),
-        "edits": list(previous.get("edits", [])) + [e.to_json() for e in edits],
-        "shims": sorted(set(previous.get("shims", [])) | set(binary_for.values())),
+        "config": containerd_configs(node)[0][0],
+        "files": list(entries.values()),
+        "shims": sorted(shims),
     }
-    if not edits:
-        rec["containerd"] = {**state, "sha256": previous.get("sha256", _sha(old))}
-        return False
-    if existed and not state["backup"]:
-        backup = f"{node.opts.state_dir}/containerd-config.toml.orig"
-        _atomic_write(node.path(backup), old, 0o600)
-        state["backup"] = backup
-    state["sha256"] = _sha(new.encode())
     rec["containerd"] = state
+    if not writes:
+        return False
     before = copy.deepcopy(rec)
-    before["containerd"] = previous
-    _write_record(node, rec)  # recorded before the config changes: an interrupted run can be undone
-    mode = cfg.stat().st_mode & 0o777 if existed else 0o644
+    if previous:
+        before["containerd"] = previous
+    else:
+        del before["containerd"]
+    binary = _containerd_binary(node)
+    # judged by the node's containerd only where it could load the configs before the edit
+    loads = {
+        r for r, _ in checks if binary and node.run([binary, "--config", r, "config", "dump"]).returncode == 0
+    }
+    for target, _, old, _ in writes:
+        entry = entries[target]
+        if old is not None and not entry["backup"]:
+            entry["backup"] = _backup_name(node, target)
+            _atomic_write(node.path(entry["backup"]), old, 0o600)
+    _write_record(node, rec)  # recorded before the configs change: an interrupted run can be undone
+    done: list[tuple[str, bytes | None, int]] = []
     try:
-        _atomic_write(cfg, new.encode(), mode, verify=_toml_ok(node.opts.containerd_config))
+        for target, data, old, mode in writes:
+            _atomic_write(node.path(target), data, mode, verify=_toml_ok(target))
+            done.append((target, old, mode))
+        for root_config, binary_for in checks:
+            if binary and root_config in loads:
+                problem = _dump_problem(node, binary, root_config, binary_for, wrapper)
+                if problem:
+                    raise InstallError(root_config, "", f"{problem}: every file put back, nothing registered")
     except InstallError:
+        for target, old, mode in reversed(done):
+            with contextlib.suppress(InstallError, OSError):
+                if old is None:
+                    node.path(target).unlink()
+                else:
+                    _atomic_write(node.path(target), old, mode)
         with contextlib.suppress(InstallError):
-            if not previous:
-                del before["containerd"]
             _write_record(node, before)
         raise
     return True
+
+
+def _state_files(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-file entries of a containerd record (a record from before imports: one file)."""
+    if "files" in state:
+        return [dict(e) for e in state["files"]]
+    if not state.get("config"):
+        return []
+    keys = ("created", "backup", "edits", "sha256")
+    return [
+        {"path": state["config"], "root": state["config"], "version": None, **{k: state.get(k) for k in keys}}
+    ]
+
+
+def _containerd_unit(node: Node, rec: dict[str, Any]) -> str:
+    """The systemd unit that runs the containerd registered: k3s and rke2 embed theirs (server or
+    agent, whichever is active), elsewhere ``containerd``."""
+    files = [str(f.get("path", "")) for f in _state_files(rec.get("containerd") or {})]
+    for distro, units in (("k3s", ("k3s", "k3s-agent")), ("rke2", ("rke2-server", "rke2-agent"))):
+        if any(p.startswith(f"/var/lib/rancher/{distro}/") for p in files):
+            active = [u for u in units if node.run(["systemctl", "is-active", "--quiet", u]).returncode == 0]
+            return active[0] if active else units[0]
+    return "containerd"
 
 
 def _restart(node: Node, engine: str) -> None:
@@ -398,9 +632,14 @@ def install(node: Node) -> int:
     opts = node.opts
     src = Path(opts.src)
     dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
-    if dpkg_owned and node.path("/var/lib/dpkg/info/oci-device-hook.list").exists():
-        raise InstallError("dpkg", PKG, "the package is installed by dpkg on this node: remove it first")
-    python_version = check_python(node)
+    if dpkg_owned and node.path(DPKG_LIST).exists():
+        why = "installed by dpkg on this node: `installer register` registers its engines"
+        raise InstallError("dpkg", PKG, why)
+    for option, value in (("--prefix", opts.libexec), ("--python", opts.python or "/usr/bin/python3")):
+        if not PLAIN_PATH.fullmatch(value):
+            raise InstallError(option, value, "expected a plain absolute path")  # a launcher names it
+    check_paths(node)
+    python_version = check_python(node) if opts.python else f"{bundled_version(src)} (bundled)"
     version = _tree_version(src)
     rec = _read_record(node)
     if rec.get("containerd") and rec.get("libexec", opts.libexec) != opts.libexec:
@@ -426,11 +665,60 @@ def install(node: Node) -> int:
     rec["versions"] = _prune(node, opts.keep, rec["history"])
     _write_record(node, rec)
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     where = f"hooks.d ({', '.join(rec['hooks_files'])})" + (", containerd" if "containerd" in rec else "")
     note = f"; {settings_changed}" if settings_changed else ""
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
+    return 0
+
+
+def register(node: Node) -> int:
+    """The engine step alone, for a hook installed by other means (the .deb ships the hooks.d
+    file and the wrapper): containerd's handlers, recorded like an install's so ``unregister``
+    (the .deb's prerm on remove) undoes exactly that."""
+    opts = node.opts
+    if opts.engine == "hooks.d" or not _containerd_wanted(node):
+        _say("no containerd on this node: nothing to register (hooks.d engines read the packaged file)")
+        return 0
+    rec = _read_record(node)
+    if rec.get("version") and not rec.get("registered_only"):
+        raise InstallError(
+            opts.state_dir, RECORD, "installed by the installer: `installer install` registers"
+        )
+    rec.update(libexec=opts.libexec, registered_only=True)
+    changed = _register_containerd(node, rec)
+    _write_record(node, rec)
+    if changed and opts.restart_engine:
+        _restart(node, _containerd_unit(node, rec))
+    files = ", ".join(f["path"] for f in rec["containerd"]["files"])
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(
+        f"registered containerd ({files}){restart}" if changed else f"containerd already registered ({files})"
+    )
+    return 0
+
+
+def unregister(node: Node) -> int:
+    """Undo ``register``: containerd's handlers back as they were, the shims and the record gone."""
+    opts = node.opts
+    rec = _read_record(node)
+    state = rec.get("containerd")
+    if not state or not rec.get("registered_only"):
+        _say("nothing registered by `installer register` on this node")
+        return 0
+    changed = _unregister_containerd(node, state)
+    for shim in state.get("shims", []):
+        node.path(shim, follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(f"{rec.get('libexec') or opts.libexec}/handlers").rmdir()
+    node.path(f"{opts.state_dir}/{RECORD}", follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(opts.state_dir).rmdir()
+    if changed and opts.restart_engine:
+        _restart(node, _containerd_unit(node, rec))
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    _say(f"unregistered containerd{restart}")
     return 0
 
 
@@ -446,21 +734,37 @@ def apply_settings(node: Node) -> int:
 
 
 def _unregister_containerd(node: Node, state: dict[str, Any]) -> bool:
-    cfg = node.path(state["config"])
+    """Undo the recorded edits in every file; True when a file changed."""
+    changed = False
+    for entry in _state_files(state):
+        changed |= _unregister_file(node, entry)
+        if entry.get("backup"):
+            node.path(entry["backup"]).unlink(missing_ok=True)
+    return changed
+
+
+def _unregister_file(node: Node, entry: dict[str, Any]) -> bool:
+    path = entry["path"]
+    cfg = node.path(path)
     try:
         text = cfg.read_text()
     except FileNotFoundError:
         return False
-    edits = [engines.ContainerdEdit.from_json(e) for e in state.get("edits", [])]
-    backup = node.path(state["backup"]) if state.get("backup") else None
-    if _sha(text.encode()) == state.get("sha256") and backup is not None and backup.exists():
+    edits = [engines.ContainerdEdit.from_json(e) for e in entry.get("edits") or []]
+    backup = node.path(entry["backup"]) if entry.get("backup") else None
+    unchanged = _sha(text.encode()) == entry.get("sha256")
+    if unchanged and backup is not None and backup.exists():
         restored = backup.read_bytes()  # nobody changed it since: back byte for byte
+    elif unchanged and entry.get("created") and edits:
+        restored = b""
     else:
-        restored = engines.unregister_containerd(text, state["config"], edits).encode()
-    if state.get("created") and engines.parse(restored.decode(), state["config"]) in ({}, {"version": 2}):
+        restored = engines.unregister_containerd(text, path, edits, entry.get("version")).encode()
+    if entry.get("created") and (
+        not restored or engines.parse(restored.decode(), path) in ({}, {"version": 2})
+    ):
         cfg.unlink()
     elif restored != text.encode():
-        _atomic_write(cfg, restored, cfg.stat().st_mode & 0o777, verify=_toml_ok(state["config"]))
+        _atomic_write(cfg, restored, cfg.stat().st_mode & 0o777, verify=_toml_ok(path))
     else:
         return False
     return True
@@ -556,15 +860,18 @@ def _tasks_naming(node: Node, paths: list[str]) -> int:
 def uninstall(node: Node) -> int:
     opts = node.opts
     rec = _read_record(node)
+    if rec.get("registered_only"):  # the files are dpkg's: only the engine step is ours to undo
+        why = "registered by `installer register`: `installer unregister` undoes it"
+        raise InstallError(opts.state_dir, RECORD, why)
     hooks_file = node.path(f"{opts.hooks_dir}/{engines.HOOKS_NAME}", follow=False)
     if not rec and not node.path(opts.libexec).exists() and not hooks_file.exists():
         _say(f"nothing to remove under {node.root}: not installed (no {opts.state_dir}/{RECORD}, "
              f"no {opts.libexec})")
         return 0
-    libexec = rec.get("libexec") or opts.libexec
+    libexec = rec.get("libexec") or opts.libexec  # the install's own prefix: no --prefix to undo it
     for path in {*_hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
         target = node.path(path, follow=False)
-        if target.exists() and _ours(target, opts.libexec):
+        if target.exists() and _ours(target, libexec):
             target.unlink()
     changed = False
     state = rec.get("containerd")
@@ -594,7 +901,7 @@ def uninstall(node: Node) -> int:
     if opts.purge:
         shutil.rmtree(node.path(opts.etc), ignore_errors=True)
     if changed and opts.restart_engine:
-        _restart(node, "containerd")
+        _restart(node, _containerd_unit(node, rec))
     restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
     _say(f"removed{' ' + rec['version'] if rec.get('version') else ''}{restart}")
     if left:
@@ -617,16 +924,18 @@ def _ours(path: Path, libexec: str) -> bool:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="installer", description="install oci-device-hook on a node")
-    p.add_argument("action", choices=["install", "uninstall", "settings", "status"])
+    p.add_argument("action", choices=["install", "uninstall", "settings", "status", "register", "unregister"])
     p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
     p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
-    p.add_argument("--libexec", default=DEFAULTS["libexec"])
+    p.add_argument("--prefix", "--libexec", dest="libexec", default=DEFAULTS["libexec"],
+                   help="where the hook goes on the node (a read-only /usr: /opt/oci-device-hook, ...)")
     p.add_argument("--hooks-dir", default=DEFAULTS["hooks_dir"])
     p.add_argument("--etc", default=DEFAULTS["etc"])
     p.add_argument("--state-dir", default=DEFAULTS["state_dir"])
     p.add_argument("--containerd-config", default=DEFAULTS["containerd_config"])
     p.add_argument("--containerd-state", default=DEFAULTS["containerd_state"], help="containerd's state dir")
-    p.add_argument("--python", default=DEFAULTS["python"], help="the node's interpreter for the hook")
+    p.add_argument("--python", default="", help="run the hook on this node interpreter (>= 3.11) instead of "
+                   "the bundled one")
     p.add_argument("--engine", choices=["auto", "hooks.d", "containerd", "all"], default="auto")
     p.add_argument("--mode", choices=["prestart", "precreate"], default="prestart", help="hooks.d stage")
     p.add_argument("--settings", default="", help="settings file to apply when it differs (a ConfigMap)")
@@ -649,6 +958,10 @@ def main(argv: list[str] | None = None) -> int:
             return uninstall(node)
         if opts.action == "settings":
             return apply_settings(node)
+        if opts.action == "register":
+            return register(node)
+        if opts.action == "unregister":
+            return unregister(node)
         print(json.dumps(_read_record(node), indent=2, sort_keys=True))
         return 0
     except (HookError, InputError) as exc:

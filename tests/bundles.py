@@ -221,7 +221,8 @@ def hook_cli(*args: str, stdin: bytes = b"", cwd: Path | None = None) -> subproc
     )
 
 
-# Live mode writes its fast-path cache under /run/oci-device-hook: give it a private /run (root only).
+# Live mode writes its fast-path cache under /run/oci-device-hook and may log to /var/log: give it a
+# private /run and /var/log (root only).
 PRIVATE_RUN = (
     []
     if os.geteuid() != 0 or shutil.which("unshare") is None
@@ -232,7 +233,7 @@ PRIVATE_RUN = (
         "private",
         "sh",
         "-c",
-        'mount -t tmpfs tmpfs /run && exec "$@"',
+        'mount -t tmpfs tmpfs /run && { [ ! -d /var/log ] || mount -t tmpfs tmpfs /var/log; } && exec "$@"',
         "sh",
     ]
 )

@@ -5,18 +5,93 @@ namespaces). This guard checks the two things a regression could break on the ma
 the root device cgroup (v1) must still allow everything, and no ``nvidia*`` entry may appear in
 or vanish from the host's ``/dev``. A broken precondition left by an earlier run is reported as
 such once, at the start, instead of as a string of unrelated failures.
+
+As root, the whole session runs in its own mount namespace (``private_run_and_log``): the hook's
+cache dir ``/run/oci-device-hook`` and ``/var/log`` are private tmpfs there, so nothing the suite
+starts can write the host's, and what another process on the machine writes to the host's cannot
+fail this run. The per-test guard watches the private copies: a change there is this session's.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 ROOT_DEVICES_LIST = Path("/sys/fs/cgroup/devices/devices.list")
 HOST_CACHE_DIR = Path("/run/oci-device-hook")  # the hook's default cache dir on this machine
-HOST_LOG = Path("/var/log/oci-device-hook.log")  # the hook's default log on this machine
+HOST_LOG = Path("/var/log/oci-device-hook.log")  # the hook's default log
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+MNT_DETACH = 2
+
+
+def _libc_call(name: str, *args: object) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}{args!r}: {os.strerror(err)}")
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    _libc_call("mount", enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3])
+
+
+def _shadow_run() -> None:
+    """A tmpfs over /run holding the host's /run entries (bind-mounted back: sockets, state dirs
+    and symlinks keep working) except the hook's cache dir, which the host may or may not have."""
+    hostrun = tempfile.mkdtemp(prefix="odh-hostrun-")
+    try:
+        _mount("/run", hostrun, None, MS_BIND | MS_REC)
+        _mount("tmpfs", "/run", "tmpfs", 0, "mode=0755")
+        for entry in os.scandir(hostrun):
+            if entry.name == HOST_CACHE_DIR.name:
+                continue
+            dest = f"/run/{entry.name}"
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                os.symlink(os.readlink(entry.path), dest)
+                continue
+            if stat.S_ISDIR(mode):
+                os.mkdir(dest, stat.S_IMODE(mode))
+            else:
+                Path(dest).touch(stat.S_IMODE(mode))
+            _mount(entry.path, dest, None, MS_BIND | MS_REC)
+    finally:
+        _libc_call("umount2", hostrun.encode(), MNT_DETACH)
+        os.rmdir(hostrun)
+
+
+def private_run_and_log() -> bool:
+    """Move this process into a private mount namespace whose /run/oci-device-hook and /var/log are
+    its own (as root on Linux; False, and nothing changed, otherwise)."""
+    if os.geteuid() != 0 or not Path("/proc/self/ns/mnt").exists():
+        return False
+    _libc_call("unshare", CLONE_NEWNS)
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    if HOST_CACHE_DIR.is_dir():
+        _mount("tmpfs", str(HOST_CACHE_DIR), "tmpfs", 0, "mode=0700")  # empty, as a fresh node has it
+    else:
+        _shadow_run()
+    if HOST_LOG.parent.is_dir():
+        _mount("tmpfs", str(HOST_LOG.parent), "tmpfs", 0, "mode=0755")
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[PRIVATE_KEY] = private_run_and_log()
+
+
+PRIVATE_KEY = pytest.StashKey[bool]()
 
 
 def _root_devices_list() -> str | None:
@@ -73,7 +148,7 @@ def _host_log_lines_of(basetemp: Path, since: int) -> list[str]:
 
 
 def _host_cache() -> dict[str, tuple[int, int]] | None:
-    """The host's cache dir as names -> (mtime, size), None when absent."""
+    """The cache dir as names -> (mtime, size), None when absent."""
     try:
         return {p.name: (p.lstat().st_mtime_ns, p.lstat().st_size) for p in HOST_CACHE_DIR.iterdir()}
     except FileNotFoundError:
@@ -87,14 +162,12 @@ def host_cache_untouched(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
     """Every hook run of a test has a private /run (or its own cache dir) and a private /var/log (or
-its own log): the host's cache dir and default log are never written.
+    its own log): the cache dir and default log are never written.
 
-    Checked per test, so the one that wrote it is named (a run of the hook by hand on this machine
-    at the same moment would also show up here).
+    Checked per test, so the one that wrote the session's cache dir or default log is named. As
+    root these are the session's private copies (``private_run_and_log``): only this run's
+    processes can change them, so another process writing the host's never fails a test here.
     """
-    if request.node.get_closest_marker("installs_package"):
-        yield  # the real package's own dir: that test purges it and checks it is gone
-        return
     before, log_size = _host_cache(), _host_log_size()
     yield
     after = _host_cache()
@@ -108,3 +181,19 @@ its own log): the host's cache dir and default log are never written.
         "(a settings file that names no log, or one that does not load, logs there: "
         "run the hook with a private tmpfs over /var/log)"
     )
+
+
+@pytest.fixture(scope="session")
+def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``packaging/build-deb`` run once per session (gzip: a quicker build of the same files), for
+    every test that needs the real package (its contents, its install in a scratch root, the image)."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb not installed")
+    out = tmp_path_factory.mktemp("deb")
+    env = {**os.environ, "DEB_COMPRESS": "gzip"}
+    proc = subprocess.run([str(REPO / "packaging/build-deb"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.is_file() and path.parent == out
+    return path

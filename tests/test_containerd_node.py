@@ -8,6 +8,7 @@ assertions read the dump's TOML, whose layout both versions share for what is ch
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from hook import install, nodefs
+from hook.errors import HookError
 from tests.test_install import Node, make_tree, needs_python
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespace)")
@@ -207,6 +209,275 @@ def test_a_symlinked_config_is_edited_inside_the_root_and_restored(tmp_path: Pat
 
 
 def test_node_paths_that_are_not_absolute_are_refused(tmp_path: Path) -> None:
+    _wrapper(tmp_path)
     node = _root_node(tmp_path, "--containerd-config", "etc/containerd/config.toml")
     with pytest.raises(install.InstallError, match="must be absolute"):
         install._register_containerd(node, {})
+
+
+# --- 5c and issue 22 item 3: imports, k3s/rke2, what containerd runs -----------------------------------
+
+DROP_IN = textwrap.dedent(f"""\
+    version = 2
+    # the GPU operator's drop-in: NVIDIA's runtime as the default
+    [plugins."{CRI}".containerd]
+      default_runtime_name = "nvidia"
+    [plugins."{CRI}".containerd.runtimes.nvidia]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."{CRI}".containerd.runtimes.nvidia.options]
+        BinaryName = "/usr/bin/nvidia-container-runtime"
+        SystemdCgroup = true
+    """)
+
+
+def _local_node(base: Path) -> install.Node:
+    """Node paths under ``base`` on this filesystem (``--root /``), so containerd reads them too."""
+    opts = install._parser().parse_args([
+        "install", "--root", "/", "--libexec", f"{base}/libexec", "--state-dir", f"{base}/state",
+        "--containerd-config", f"{base}/etc/containerd/config.toml", "--etc", f"{base}/etc/odh",
+    ])  # fmt: skip
+    _wrapper(Path("/"), f"{base}/libexec")
+    return install.Node("/", opts)
+
+
+def _drop_in_node(base: Path) -> tuple[install.Node, Path, Path]:
+    conf = base / "etc/containerd/config.toml"
+    (base / "etc/containerd/conf.d").mkdir(parents=True)
+    conf.write_text(f'imports = ["{base}/etc/containerd/conf.d/*.toml"]\n' + NODE_CONFIG)
+    drop = base / "etc/containerd/conf.d/99-nvidia.toml"
+    drop.write_text(DROP_IN)
+    return _local_node(base), conf, drop
+
+
+def _all_wrapped(doc: dict[str, Any], libexec: str) -> dict[str, str]:
+    return {
+        name: body.get("options", {}).get("BinaryName", "")
+        for name, body in runtimes(doc).items()
+        if body.get("runtime_type") == "io.containerd.runc.v2"
+    }
+
+
+@needs_containerd
+def test_handlers_in_an_imported_drop_in_are_registered_as_containerd_reads_them(tmp_path: Path) -> None:
+    node, conf, drop = _drop_in_node(tmp_path)
+    before = (conf.read_text(), drop.read_text())
+    assert cri(dump(conf))["containerd"]["default_runtime_name"] == "nvidia"
+    rec: dict[str, Any] = {}
+    assert install._register_containerd(node, rec)
+    got = dump(conf)
+    wrapped = _all_wrapped(got, node.opts.libexec)
+    assert wrapped["nvidia"] == f"{tmp_path}/libexec/handlers/nvidia", wrapped
+    assert set(wrapped.values()) <= {f"{tmp_path}/libexec/runtime", f"{tmp_path}/libexec/handlers/nvidia"}
+    assert cri(got)["containerd"]["default_runtime_name"] == "nvidia"
+    assert "# the GPU operator's drop-in" in drop.read_text()
+    from hook import doctor
+
+    assert doctor.check_containerd(conf, node.opts.libexec).ok
+    assert doctor.check_containerd(conf, node.opts.libexec, binary=None).ok  # the model without the binary
+    assert install._unregister_containerd(node, rec["containerd"])
+    assert (conf.read_text(), drop.read_text()) == before
+
+
+@needs_containerd
+def test_doctor_judges_the_drop_in_that_makes_nvidia_the_default(tmp_path: Path) -> None:
+    """The main config registered (today's installer result), a drop-in then replaces the CRI table."""
+    from hook import doctor, engines
+
+    node, conf, drop = _drop_in_node(tmp_path)
+    drop.unlink()
+    libexec = node.opts.libexec
+    text, _ = engines.register_containerd(conf.read_text(), str(conf), {}, f"{libexec}/runtime")
+    conf.write_text(text)
+    assert doctor.check_containerd(conf, libexec).ok
+    drop.write_text(DROP_IN)
+    for binary in (doctor.containerd_binary(), None):  # containerd's dump, and the model without it
+        check = doctor.check_containerd(conf, libexec, binary=binary)
+        assert not check.ok and "nvidia (default)" in check.detail, check
+
+
+def test_imports_containerd_reads_differently_are_refused_with_one_line(tmp_path: Path) -> None:
+    node, conf, drop = _drop_in_node(tmp_path)
+    before = conf.read_text()
+    conf.write_text(before.replace(f"{tmp_path}/etc/containerd/conf.d/*.toml", "conf.d/*.toml"))
+    with pytest.raises(HookError, match="relative glob") as refused:
+        install._register_containerd(node, {})
+    assert "\n" not in str(refused.value)
+    conf.write_text(before.replace("*.toml", "missing.toml"))
+    with pytest.raises(HookError, match="imported but absent"):
+        install._register_containerd(node, {})
+    assert drop.read_text() == DROP_IN
+
+
+def test_doctor_on_a_host_where_containerd_is_installed_but_not_running(tmp_path: Path) -> None:
+    import socket
+
+    from hook import doctor
+
+    conf = tmp_path / "config.toml"
+    conf.write_text(NODE_CONFIG + f'[grpc]\n  address = "{tmp_path}/c.sock"\n')
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir()
+    libexec = tmp_path / "libexec"
+    libexec.mkdir()
+    hook = libexec / "hook"
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    doc = {
+        "version": "1.0.0",
+        "hook": {"path": doctor.HOOK_PATH},
+        "when": {"always": True},
+        "stages": ["prestart"],
+    }
+    (hooks / doctor.HOOKS_FILE).write_text(json.dumps(doc))
+
+    def containerd_line() -> str:
+        report, _ = doctor.run_doctor(
+            tmp_path, [], [hooks], tmp_path / "none.yaml", "text", containerd_config=conf,
+        )  # fmt: skip
+        return next(ln for ln in report.splitlines() if " containerd:" in ln)
+
+    assert containerd_line().startswith("✓ containerd: installed but not running")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening:
+        listening.bind(str(tmp_path / "c.sock"))
+        listening.listen(1)
+        assert containerd_line().startswith("✗ containerd:")  # running and not registered: fails
+
+
+K3S_RENDERED = textwrap.dedent(f"""\
+    # File generated by k3s. DO NOT EDIT. Use config.toml.tmpl instead.
+    version = 2
+    [plugins."{CRI}"]
+      enable_selinux = false
+      sandbox_image = "rancher/mirrored-pause:3.6"
+    [plugins."{CRI}".containerd]
+      snapshotter = "overlayfs"
+    [plugins."{CRI}".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins."{CRI}".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+    """)
+
+
+@pytest.mark.parametrize("distro", ["k3s", "rke2"])
+def test_k3s_shaped_node_registers_the_template_that_wins(tmp_path: Path, distro: str) -> None:
+    from hook import doctor
+
+    root = tmp_path / "root"
+    etc = root / f"var/lib/rancher/{distro}/agent/etc/containerd"
+    etc.mkdir(parents=True)
+    (etc / "config.toml").write_text(K3S_RENDERED)
+    _wrapper(root)
+    node = _root_node(root)
+    rec: dict[str, Any] = {}
+    assert install._register_containerd(node, rec)
+    tmpl = etc / "config.toml.tmpl"
+    for path in (tmpl, etc / "config.toml"):
+        rt = runtimes(tomllib.loads(path.read_text()))
+        assert rt["runc"]["options"] == {"BinaryName": "/opt/odh/runtime", "SystemdCgroup": True}, path
+    if CONTAINERD:
+        assert runtimes(dump(tmpl))["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
+    report, _ = doctor.run_doctor(root, [], [], root / "none.yaml", "text", host_root=root)
+    assert f"{etc}/config.toml" in report  # doctor finds the config k3s's containerd runs
+    assert install._unregister_containerd(node, rec["containerd"])
+    assert not tmpl.exists() and (etc / "config.toml").read_text() == K3S_RENDERED
+
+
+def test_k3s_v3_template_and_go_templates(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    etc = root / "var/lib/rancher/k3s/agent/etc/containerd"
+    etc.mkdir(parents=True)
+    v3 = K3S_RENDERED.replace("version = 2", "version = 3").replace(CRI, "io.containerd.cri.v1.runtime")
+    (etc / "config.toml").write_text(v3)
+    (etc / "config-v3.toml.tmpl").write_text(v3)
+    (etc / "config.toml.tmpl").write_text("# an old template k3s with containerd 2 does not read\n")
+    _wrapper(root)
+    node = _root_node(root)
+    rec: dict[str, Any] = {}
+    assert install._register_containerd(node, rec)
+    rt = runtimes(tomllib.loads((etc / "config-v3.toml.tmpl").read_text()))
+    assert rt["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
+    assert (etc / "config.toml.tmpl").read_text().startswith("# an old template")
+    assert install._unregister_containerd(node, rec["containerd"])
+    assert (etc / "config-v3.toml.tmpl").read_text() == v3
+    (etc / "config-v3.toml.tmpl").write_text('{{ template "base" . }}\n')
+    with pytest.raises(install.InstallError, match="Go template"):
+        install._register_containerd(node, {})
+
+
+ROOT_E2E = r"""
+set -eu
+mount --bind /usr "$R/usr"
+mount -o remount,bind,ro "$R/usr"
+mount -t tmpfs tmpfs "$R/dev/shm"
+mount -t proc proc "$R/proc"
+set +e
+"$@" install --engine containerd > "$OUT/install.out" 2>&1; echo $? > "$OUT/install.rc"
+cp "$R/etc/k8s/containerd.toml" "$OUT/installed.toml"
+"$@" uninstall > "$OUT/uninstall.out" 2>&1; echo $? > "$OUT/uninstall.rc"
+"""
+
+
+@needs_root
+@needs_python
+def test_installer_with_root_edits_the_nodes_symlinked_config_end_to_end(tmp_path: Path, tree: Path) -> None:
+    """The DaemonSet's shape: the node at --root (its /usr bound read-only), the node image's
+    config.toml an absolute symlink; the node's own Python and containerd run in a chroot."""
+    root = tmp_path / "R"
+    for d in ("usr", "etc/k8s", "etc/containerd", "dev/shm", "proc", "tmp"):
+        (root / d).mkdir(parents=True)
+    for name in ("bin", "lib", "lib64", "sbin"):
+        if Path(f"/usr/{name}").is_dir():
+            (root / name).symlink_to(f"usr/{name}")
+    real = root / "etc/k8s/containerd.toml"
+    real.write_text(NODE_CONFIG)
+    (root / "etc/containerd/config.toml").symlink_to("/etc/k8s/containerd.toml")
+    out = tmp_path / "out"
+    out.mkdir()
+    shim = tmp_path / "run-installer"
+    shim.write_text('#!/bin/sh\naction=$1; shift\nexec "$INSTALLER" "$action" "$@"\n')
+    shim.chmod(0o755)
+    args = ["--src", str(tree), "--root", str(root), "--libexec", "/opt/odh",
+            "--hooks-dir", "/etc/containers/oci/hooks.d"]  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "R": str(root), "OUT": str(out),
+           "INSTALLER": str(tree / "usr/libexec/oci-device-hook/installer")}  # fmt: skip
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", ROOT_E2E, "sh", str(shim), *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "install.rc").read_text().strip() == "0", (out / "install.out").read_text()
+    assert os.readlink(root / "etc/containerd/config.toml") == "/etc/k8s/containerd.toml"
+    installed = out / "installed.toml"
+    opts = runtimes(tomllib.loads(installed.read_text()))["runc"]["options"]
+    assert opts == {"BinaryName": "/opt/odh/runtime", "SystemdCgroup": True}
+    if CONTAINERD:
+        got = dump(installed)
+        assert runtimes(got)["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
+        assert cri(got)["sandbox_image"] == "registry.example/pause:3.9"
+    assert (out / "uninstall.rc").read_text().strip() == "0", (out / "uninstall.out").read_text()
+    assert real.read_text() == NODE_CONFIG
+    assert os.readlink(root / "etc/containerd/config.toml") == "/etc/k8s/containerd.toml"
+    assert not (root / "opt/odh/versions").exists()
+
+
+def test_restart_on_k3s_restarts_the_agent_that_embeds_containerd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    etc = root / "var/lib/rancher/k3s/agent/etc/containerd"
+    etc.mkdir(parents=True)
+    (etc / "config.toml").write_text(K3S_RENDERED)
+    _wrapper(root)
+    node = _root_node(root, "--restart-engine")
+    calls: list[list[str]] = []
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        active = argv[:3] == ["systemctl", "is-active", "--quiet"] and argv[3] == "k3s-agent"
+        return subprocess.CompletedProcess(argv, 0 if active or argv[1] == "restart" else 3, "", "")
+
+    monkeypatch.setattr(node, "run", run)
+    rec: dict[str, Any] = {}
+    assert install._register_containerd(node, rec)
+    install._restart(node, install._containerd_unit(node, rec))
+    assert calls[-1] == ["systemctl", "restart", "k3s-agent"]

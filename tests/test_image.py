@@ -57,12 +57,12 @@ def _podman_cmd(store: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def image() -> Iterator[tuple[Path, str]]:
+def image(built_deb: Path) -> Iterator[tuple[Path, str]]:
     store = Path(tempfile.mkdtemp(prefix="odhi-", dir="/tmp"))  # podman: runroot under 50 characters
     try:
         env = {**os.environ, "PODMAN": " ".join(_podman_cmd(store))}
-        proc = subprocess.run([str(REPO / "packaging/image/build-image")], env=env, capture_output=True,
-                              text=True, timeout=900)  # fmt: skip
+        build = [str(REPO / "packaging/image/build-image"), str(built_deb)]
+        proc = subprocess.run(build, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         yield store, proc.stdout.strip().splitlines()[-1]
     finally:

@@ -9,7 +9,9 @@ root, state, sockets and config, killed by pid.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -40,8 +42,22 @@ def _site(mod: str) -> Path:
     return Path(__import__(mod).__file__).resolve()
 
 
-def make_tree(dest: Path, version: str = "") -> Path:
-    """A package file tree like ``dpkg-deb -x`` of the .deb, without building one (fast)."""
+@functools.cache
+def bundled_python() -> Path:
+    """``packaging/bundle-python`` of /usr/bin/python3, assembled once per session (removed at exit)."""
+    dest = Path(tempfile.mkdtemp(prefix="odh-python-"))
+    atexit.register(shutil.rmtree, dest, True)
+    cmd = [str(PKG / "bundle-python"), str(dest / "python"), str(_site("yaml").parent)]  # make_tree's lib
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return dest / "python"
+
+
+def make_tree(dest: Path, version: str = "", bundled: bool = True) -> Path:
+    """A package file tree like ``dpkg-deb -x`` of the .deb, without building one (fast): the
+    bundled interpreter hard-linked from ``bundled_python()``; ``bundled=False``, a tree for the
+    node's own Python (``INTERPRETER=system``)."""
     lib = dest / "usr/libexec/oci-device-hook/lib"
     shutil.copytree(REPO / "hook", lib / "hook", ignore=shutil.ignore_patterns("__pycache__"))
     for mod in ("yaml", "click"):
@@ -53,7 +69,12 @@ def make_tree(dest: Path, version: str = "") -> Path:
         (lib / "hook/version.py").write_text(f'VERSION = "{version}"\n')
     libexec = lib.parent
     shutil.copy2(PKG / "launcher", libexec / "hook")
+    shutil.copy2(PKG / "launcher", libexec / "launcher.py")
+    shutil.copy2(PKG / "launcher.sh.in", libexec / "launcher.sh.in")
     shutil.copy2(PKG / "installer", libexec / "installer")
+    shutil.copy2(PKG / "installer.py", libexec / "installer.py")
+    if bundled:
+        subprocess.run(["cp", "-al", str(bundled_python()), str(libexec / "python")], check=True)
     runtime = PKG / "runtime"
     if runtime.exists():
         shutil.copy2(runtime, libexec / "runtime")
@@ -350,7 +371,7 @@ def test_installer_registers_containerd_handlers_and_restores_the_file(node: Nod
     check = doctor.check_containerd(node.containerd, str(node.libexec))
     assert check.ok and "nvidia (default), runc" in check.detail, check
     _ok(node.installer("install", tree))  # an upgrade: nothing more to edit, nothing to undo twice
-    assert len(node.record()["containerd"]["edits"]) == 2
+    assert [len(f["edits"]) for f in node.record()["containerd"]["files"]] == [2]
     _ok(node.installer("uninstall", tree))
     assert node.containerd.read_text() == GPU_OPERATOR_V2
     assert not doctor.check_containerd(node.containerd, str(node.libexec)).ok
@@ -618,8 +639,8 @@ def _podman(base: Path, hooks: Path, rootfs: Path, *args: str) -> subprocess.Com
         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", *args,
         "--rootfs", str(rootfs), "/bin/sh", "-c", "echo started",
     ]  # fmt: skip
-    # a private /run: a mkdir of /run/oci-device-hook before the mount would land on the host's /run
-    inner = 'mount -t tmpfs -o mode=0755 tmpfs /run && exec "$@"'
+    # a private /run and /var/log: a mkdir of /run/oci-device-hook before the mount would land on the host's
+    inner = 'mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/log && exec "$@"'
     cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", inner, "sh", *podman]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
@@ -678,8 +699,11 @@ def test_doctor_containerd_states(tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     assert doctor.check_containerd(cfg).ok  # absent: not a containerd node
     cfg.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  bin_dir = "/usr/lib/cni"\n')
-    bare = doctor.check_containerd(cfg)
+    bare = doctor.check_containerd(cfg, binary=None)  # read here: containerd's implicit runc handler
     assert not bare.ok and "implicit runc handler not registered" in bare.detail
+    if doctor.containerd_binary():  # containerd's own dump lists that handler
+        dumped = doctor.check_containerd(cfg)
+        assert not dumped.ok and "runc (default) not registered" in dumped.detail
     new, _ = engines.register_containerd(cfg.read_text(), str(cfg), {}, f"{doctor.LIBEXEC}/runtime")
     cfg.write_text(new)
     assert doctor.check_containerd(cfg).ok

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "packaging"
 HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
 HOOKS_STAGES = {"createContainer", "createRuntime", "prestart", "poststart", "poststop", "startContainer"}
-SHELL_SCRIPTS = ["build-deb", "runtime", "debian/postinst", "debian/prerm", "debian/postrm"]
+SHELL_SCRIPTS = ["build-deb", "runtime", "debian/postinst", "debian/prerm", "debian/postrm", "bundle-python",
+                 "installer", "launcher.sh.in", "image/build-image"]
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed")
 
 
@@ -136,15 +137,9 @@ def test_launcher_shebang_isolates_python() -> None:
 
 
 @pytest.fixture(scope="session")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("dpkg-deb") is None:
-        pytest.skip("dpkg-deb not installed")
-    out = tmp_path_factory.mktemp("deb")
-    proc = subprocess.run([str(PKG / "build-deb"), str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    path = Path(proc.stdout.strip().splitlines()[-1])
-    assert path.is_file() and path.parent == out
-    return path
+def deb(built_deb: Path) -> Path:
+    assert built_deb.is_file()
+    return built_deb
 
 
 def _dpkg(*args: str) -> str:
@@ -157,7 +152,7 @@ def test_deb_name_and_control(deb: Path) -> None:
     assert re.fullmatch(rf"oci-device-hook_{re.escape(version)}_[a-z0-9]+\.deb", deb.name)
     assert _dpkg("-f", str(deb), "Package").strip() == "oci-device-hook"
     assert _dpkg("-f", str(deb), "Version").strip() == version
-    assert "python3 (>= 3.11)" in _dpkg("-f", str(deb), "Depends")
+    assert _dpkg("-f", str(deb), "Depends").strip() == ""  # its own interpreter: no python3 of the host
 
 
 @needs_dpkg
@@ -166,6 +161,11 @@ def test_deb_contents(deb: Path) -> None:
     for path in (
         HOOK_PATH,
         "/usr/libexec/oci-device-hook/runtime",
+        "/usr/libexec/oci-device-hook/launcher.py",
+        "/usr/libexec/oci-device-hook/launcher.sh.in",
+        "/usr/libexec/oci-device-hook/installer.py",
+        "/usr/libexec/oci-device-hook/python/lib/libc.so.6",
+        "/usr/libexec/oci-device-hook/python/lib/python3.11/json/__init__.py",
         "/usr/share/doc/oci-device-hook/engines/oci-device-hook-precreate.json",
         "/usr/libexec/oci-device-hook/lib/hook/__init__.py",
         "/usr/libexec/oci-device-hook/lib/yaml/__init__.py",
@@ -183,6 +183,11 @@ def test_deb_contents(deb: Path) -> None:
         assert path in names, path
     assert not any(n.startswith("/usr/libexec/oci-device-hook/lib/bin") for n in names)
     assert not any("/tests/" in n for n in names)
+    python = "/usr/libexec/oci-device-hook/python"
+    assert any(re.fullmatch(rf"{python}/lib/ld-[^/]+\.so[.0-9]*", n) for n in names), "no loader bundled"
+    assert any(re.fullmatch(rf"{python}/bin/python3\.[0-9]+", n) for n in names), "no interpreter bundled"
+    pruned = ("/idlelib/", "/tkinter/", "/lib2to3/", "/ensurepip/", "/config-3", "/test/", "_sqlite3")
+    assert not [n for n in names if n.startswith(python) and any(p in n for p in pruned)]
 
 
 @needs_dpkg
@@ -200,23 +205,60 @@ def test_deb_conffiles_and_scripts(deb: Path, tmp_path: Path) -> None:
 
 
 @needs_dpkg
-def test_deb_tree_runs_under_the_system_interpreter(deb: Path, tmp_path: Path) -> None:
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("busybox") or not shutil.which("chroot"),
+                    reason="chroot (root) and busybox")
+def test_deb_tree_runs_on_its_own_interpreter_in_a_root_with_nothing_else(deb: Path, tmp_path: Path) -> None:
+    """The package's files and a /bin/sh, nothing more: no libc, no python3 of a host. The hook
+    starts (its launcher names the bundled loader, libraries and interpreter) and imports its lib."""
     _dpkg("-x", str(deb), str(tmp_path))
+    (tmp_path / "bin").mkdir()
+    shutil.copy2(str(shutil.which("busybox")), tmp_path / "bin/sh")
     launcher = tmp_path / HOOK_PATH.lstrip("/")
-    assert os.access(launcher, os.X_OK)
+    assert launcher.read_text().startswith("#!/bin/sh\n") and os.access(launcher, os.X_OK)
+    assert not (tmp_path / "usr/bin/python3").exists()
+    libcs = [p for p in tmp_path.rglob("libc.so*") if p.parent.parent.name != "python"]
+    assert libcs == []  # the only libc is the bundled one, in python/lib
     assert (tmp_path / "usr/share/containers/oci/hooks.d/oci-device-hook.json").read_text() == (
         REPO / "nvidia-hook.json"
     ).read_text()
-    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    chroot = str(shutil.which("chroot"))
+    proc = subprocess.run([chroot, str(tmp_path), HOOK_PATH, "--version"], capture_output=True, text=True,
+                          env={}, timeout=60)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("hook (oci-device-hook) "), proc.stderr
     lib = launcher.parent / "lib"
-    code = (
-        "import sys; "
-        + f"sys.path.insert(0, {str(lib)!r}); import yaml, click, pynvml, hook; print(hook.__file__)"
-    )
-    proc = subprocess.run([python, "-ISB", "-c", code], capture_output=True, text=True, env={}, timeout=30)
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import yaml, yaml._yaml, click, pynvml, hook; "
+    code += "print(hook.__file__)"
+    interp = (tmp_path / "usr/libexec/oci-device-hook/launcher.sh.in").read_text()  # the same start
+    assert "--library-path '@PYTHON@/lib' '@PYTHON@/bin/python3' -ISB" in interp
+    python = "/usr/libexec/oci-device-hook/python"
+    loader = next(p.name for p in (tmp_path / python.lstrip("/") / "lib").glob("ld-*"))
+    argv = [f"{python}/lib/{loader}", "--library-path", f"{python}/lib", f"{python}/bin/python3", "-ISB"]
+    proc = subprocess.run([chroot, str(tmp_path), *argv, "-c", code, "/" + str(lib.relative_to(tmp_path))],
+                          capture_output=True, text=True, env={}, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().startswith(str(lib))
+    assert proc.stdout.strip().startswith("/usr/libexec/oci-device-hook/lib/hook/")
     assert list(lib.rglob("*.pyc")), "the package ships byte-compiled modules"
+
+
+@needs_dpkg
+def test_deb_for_the_hosts_python_when_asked(tmp_path: Path) -> None:
+    """INTERPRETER=system: no python/, the Python launcher as the hook, a python3 dependency;
+    PREFIX moves the package (hooks.d path and maintainer scripts follow)."""
+    env = {**os.environ, "INTERPRETER": "system", "PREFIX": "/opt/oci-device-hook", "DEB_COMPRESS": "gzip"}
+    proc = subprocess.run([str(PKG / "build-deb"), str(tmp_path / "out")], env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    deb = Path(proc.stdout.strip().splitlines()[-1])
+    assert "python3 (>= 3.11)" in _dpkg("-f", str(deb), "Depends")
+    _dpkg("-x", str(deb), str(tmp_path / "x"))
+    _dpkg("-e", str(deb), str(tmp_path / "control"))
+    prefix = tmp_path / "x/opt/oci-device-hook"
+    assert (prefix / "hook").read_text() == (PKG / "launcher").read_text()
+    assert not (prefix / "python").exists() and not (tmp_path / "x/usr/libexec").exists()
+    hooks = json.loads((tmp_path / "x/usr/share/containers/oci/hooks.d/oci-device-hook.json").read_text())
+    assert hooks["hook"]["path"] == "/opt/oci-device-hook/hook"
+    for script in ("postinst", "prerm", "postrm"):
+        assert "/usr/libexec" not in (tmp_path / "control" / script).read_text()
 
 
 def test_engine_snippets_are_valid_toml_with_hooks_dirs() -> None:
@@ -305,7 +347,7 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
     pod = docs["DaemonSet"]["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     host = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in volumes.values() if "hostPath" in v}
-    assert host == {"/": "Directory"}  # the node's root: libexec, hooks.d, containerd, chroot python3
+    assert host == {"/": "Directory"}  # the node's root: the prefix, hooks.d, containerd, chroot
     mounts = {m["name"]: m for c in pod["containers"] for m in c["volumeMounts"]}
     assert set(mounts) == set(volumes)
     assert mounts["host-root"]["mountPath"] == "/host" and not mounts["host-root"].get("readOnly")
@@ -335,9 +377,65 @@ def test_daemonset_installer_does_not_register_a_hook_the_node_cannot_run(tmp_pa
     node = Node(tmp_path / "node")
     node.base.mkdir()
     env = {"PATH": os.environ["PATH"], "SRC": str(tree), "HOST_ROOT": str(tmp_path / "no-such-root"),
-           "WATCH_SETTINGS": "false", "INSTALL_ARGS": " ".join(node.args()[2:])}  # fmt: skip
+           "WATCH_SETTINGS": "false", "INSTALL_ARGS": " ".join(node.args()[2:]),
+           "NODE_PYTHON": "/usr/bin/python3"}  # the node's own, asked for: it cannot run  # fmt: skip
     proc = subprocess.run(["sh", str(_k8s_script("install.sh", tmp_path))], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 1
     assert "cannot run the node's Python" in proc.stderr and len(proc.stderr.splitlines()) == 1
     assert list(node.base.iterdir()) == []  # nothing copied, nothing registered
+
+
+DEB_NODE_CONTAINERD = """\
+version = 2
+# the node's own config, byte for byte after unregister
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = true
+"""
+
+
+@needs_dpkg
+def test_deb_registers_containerd_with_the_installers_engine_step(deb: Path, tmp_path: Path) -> None:
+    """Issue 22 item 4: a dpkg-installed hook on a containerd node has a way forward."""
+    description = _dpkg("-f", str(deb), "Description")
+    assert "NRI" not in description and "installer register" in description
+    root = tmp_path / "node"
+    _dpkg("-x", str(deb), str(root))  # the package's files in a scratch node root
+    (root / "var/lib/dpkg/info").mkdir(parents=True)
+    (root / "var/lib/dpkg/info/oci-device-hook.list").write_text("/.\n")
+    cfg = root / "etc/containerd/config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(DEB_NODE_CONTAINERD)
+    installer = root / "usr/libexec/oci-device-hook/installer"
+
+    def run(action: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(installer), action, "--root", str(root)],
+            capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"]},
+        )  # fmt: skip
+
+    refused = run("install")
+    assert refused.returncode != 0 and "installer register" in refused.stderr, refused.stderr
+    done = run("register")
+    assert done.returncode == 0 and "registered containerd" in done.stderr, done.stderr
+    options = tomllib.loads(cfg.read_text())["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    assert options["runc"]["options"] == {
+        "BinaryName": "/usr/libexec/oci-device-hook/runtime",
+        "SystemdCgroup": True,
+    }
+    if shutil.which("containerd"):
+        dump = subprocess.run(
+            ["containerd", "--config", str(cfg), "config", "dump"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        plugins = tomllib.loads(dump)["plugins"]  # containerd 2.x dumps version 3 (cri.v1.runtime)
+        table = plugins.get("io.containerd.grpc.v1.cri") or plugins["io.containerd.cri.v1.runtime"]
+        runc = table["containerd"]["runtimes"]["runc"]
+        assert runc["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/runtime"
+    assert "installer unregister" in run("uninstall").stderr  # dpkg's files are not the installer's
+    undone = run("unregister")
+    assert undone.returncode == 0, undone.stderr
+    assert cfg.read_text() == DEB_NODE_CONTAINERD
+    assert not (root / "var/lib/oci-device-hook/install.json").exists()
