@@ -47,8 +47,17 @@ def with_decider(
 def run_served(
     bundle: Bundle, out: Path, *, cgroup2: bool = False, serve_wrap: Sequence[str] = (), timeout: float = 90
 ) -> tuple[RunResult, dict[str, object]]:
-    """``runc run`` the bundle with a decider up; the result and the decider's status afterwards."""
+    """``runc run`` the bundle with a decider up; the result and the decider's status afterwards.
+
+    The hooks get the client's longest answer wait: on a loaded machine a first decision can take
+    longer than the default, and a silent in-process fallback would make the served start unproven.
+    """
     state_root = bundle.path / "runc-state"
+    for hook in bundle.config.get("hooks", {}).get("prestart", []):
+        env = hook.setdefault("env", [])
+        if not any(e.startswith("OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS=") for e in env):
+            env.append("OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS=5000")
+    bundle.write()
     cmd = private_host(with_decider(runc_command(bundle, state_root), out, serve_wrap=serve_wrap),
                        cgroup2=cgroup2)
     try:
