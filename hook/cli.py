@@ -268,11 +268,12 @@ def doctor(
 @click.option(
     "--socket-dir", default="/run/oci-device-hook", type=PathArg, help="where the socket is made (0700)"
 )
-def serve_cmd(socket_dir: Path) -> None:
+@click.option("--config", "config_file", type=PathArg, help="settings (`decider: off`: do not serve)")
+def serve_cmd(socket_dir: Path, config_file: Path | None) -> None:
     """Run the warm decider: live hooks on this node hand their containers to it (as root)."""
     from hook.serve import serve
 
-    _finish("", serve(str(socket_dir)))
+    _finish("", serve(str(socket_dir), str(config_file) if config_file else None))
 
 
 @cli.command("log")

@@ -25,6 +25,7 @@ from hook.requests import (
     Kind,
     Requests,
     collect,
+    dra_claim_label,
     dra_claim_of,
     injected_keys,
     is_accelerator,
@@ -457,7 +458,7 @@ class _Resolver:
             claim = dra_claim_of(r)
             if claim and r.value not in self.registry().devices:
                 raise InputError(
-                    f"DRA claim {claim}",
+                    f"DRA claim {dra_claim_label(self.requests.kubelet, claim)}",
                     r.value,
                     "no CDI spec defines this device (the driver's claim spec is gone?): "
                     "the privileged container cannot be narrowed to its claims",

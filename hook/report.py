@@ -69,12 +69,13 @@ def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
 def _dra(inputs: Inputs) -> dict[str, Any] | None:
     """The kubelet's DRA state as this decision read it: the file, how it read, the pod's claims,
     and which of them decided (narrowed this container); None when no DRA state was looked at."""
-    from hook.requests import dra_claim_of
+    from hook.requests import dra_claim_label, dra_claim_of
 
     view = inputs.requests.kubelet.dra_view if inputs.requests.kubelet is not None else None
     if view is None:
         return None
-    decided = sorted({dra_claim_of(r) for r in inputs.requests.items if dra_claim_of(r)})
+    kubelet = inputs.requests.kubelet
+    decided = sorted({dra_claim_label(kubelet, c) for r in inputs.requests.items if (c := dra_claim_of(r))})
     return {**view.to_json(), "decided": decided}
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "gpu_resource",
     "injected_keys",
     "only_injected",
+    "dra_claim_label",
     "dra_claim_of",
 ]
 
@@ -44,7 +45,7 @@ IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
 MIG_ENVS = {"NVIDIA_MIG_CONFIG_DEVICES": "mig-config", "NVIDIA_MIG_MONITOR_DEVICES": "mig-monitor"}
 CHECKPOINT = "kubelet-checkpoint"
-DRA = "kubelet-dra"  # a claim's CDI device, from the kubelet's DRA state (hook.dra)
+DRA = "dra-claim"  # a claim's CDI device, from the kubelet's DRA state (hook.dra); the contract's spelling
 
 
 class Kind(StrEnum):
@@ -217,7 +218,7 @@ def _from_dra(kubelet: Kubelet | None, config: OciConfig) -> list[DeviceRequest]
     if view is None or not view.claims or not is_privileged(config.resource_rules):
         return []
     return [
-        DeviceRequest(source=f"{DRA}:{claim.label}", value=cdi_id, kind=Kind.CDI, from_plugin=True)
+        DeviceRequest(source=f"{DRA}:{claim.uid}", value=cdi_id, kind=Kind.CDI, from_plugin=True)
         for claim in view.claims
         for device in claim.devices
         for cdi_id in device.cdi_ids
@@ -225,9 +226,17 @@ def _from_dra(kubelet: Kubelet | None, config: OciConfig) -> list[DeviceRequest]
 
 
 def dra_claim_of(req: DeviceRequest) -> str:
-    """The claim (``namespace/name (uid)``) a DRA request came from; "" for any other request."""
+    """The UID of the claim a DRA request came from; "" for any other request."""
     head, sep, claim = req.source.partition(":")
     return claim if sep and head == DRA else ""
+
+
+def dra_claim_label(kubelet: Kubelet | None, uid: str) -> str:
+    """How a person finds the claim ``uid`` names (``namespace/name (uid)``): the request's source
+    carries the UID alone (the interface's ``dra-claim:<claim UID>``)."""
+    view = kubelet.dra_view if kubelet is not None else None
+    claims = view.claims if view is not None else ()
+    return next((c.label for c in claims if c.uid == uid), uid)
 
 
 def injected_keys(rules: Sequence[Rule]) -> frozenset[tuple[str, int, int]]:

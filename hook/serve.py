@@ -352,9 +352,28 @@ def _preload() -> None:
             importlib.import_module(name)
 
 
-def serve(directory: str = client.SOCKET_DIR) -> int:
-    """Run the decider until SIGTERM/SIGINT; then finish the requests in flight (up to 10 s)."""
+def serve(directory: str = client.SOCKET_DIR, config: str | None = None) -> int:
+    """Run the decider until SIGTERM/SIGINT; then finish the requests in flight (up to 10 s).
+
+    ``decider: off`` in the settings (``config``, else the default file) makes it exit at once:
+    with no socket every hook decides in-process, silently, which is what "off" asks for.
+    """
+    from pathlib import Path
+
     from hook import warm
+    from hook.settings import DEFAULT_PATH, DeciderMode, load_settings
+
+    path = Path(config) if config else Path(DEFAULT_PATH)
+    try:
+        off = load_settings(path, required=config is not None).decider is DeciderMode.OFF
+    except InputError as exc:
+        from hook.escape import clean
+
+        sys.stderr.write(f"oci-device-hook serve: {clean(exc)}\n")
+        return 1
+    if off:
+        sys.stderr.write(f"oci-device-hook serve: decider: off in {path}; not serving\n")
+        return 0
 
     warm.enable()
     _preload()

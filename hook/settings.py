@@ -42,6 +42,13 @@ class Policy(StrEnum):
     AUDIT = "audit"
 
 
+class DeciderMode(StrEnum):
+    """Whether ``hook serve`` serves this node (docs/interface.md: the shared contract's setting)."""
+
+    AUTO = "auto"  # serve; the hook asks the decider when it answers
+    OFF = "off"  # ``hook serve`` exits at start and a running one declines: every hook decides in-process
+
+
 class EnvRequests(StrEnum):
     """When a visible-devices env counts as a request (docs/operators.md, "Env requests")."""
 
@@ -119,6 +126,7 @@ class Settings:
     runtime: str = "runc"  # the real runtime the wrapper execs (a name on PATH or an absolute path)
     driver_root: str = "/"  # --driver-root wins when given
     cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")  # --cdi-spec-dir wins when given
+    decider: DeciderMode = DeciderMode.AUTO
 
     @property
     def default_cdi_kind(self) -> str:
@@ -156,6 +164,8 @@ def _convert(key: str, value: Any, source: str) -> Any:
         return _enum(MigManagement, key, value, source)
     if key == "env_requests":
         return _enum(EnvRequests, key, value, source)
+    if key == "decider":  # YAML 1.1 reads a bare ``off`` as false: the operator wrote "off"
+        return _enum(DeciderMode, key, "off" if value is False else value, source)
     if key in ("cdi_annotation_prefixes", "corroborating_env", "cdi_kinds", "gpu_resources"):
         items = _str_list(key, value, source)
         if not items:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from hook import client, fastpath, serve, settings, warm
+from hook.errors import InputError
 from hook.live import run_live
 from tests.bundles import PRIVATE_RUN, gen, settings_file, state, write_bundle
 
@@ -391,3 +392,29 @@ def test_a_big_node_fits_without_thrashing(warm_on: None) -> None:
     for i in range(2000):
         warm.remembered(("f", i), 1, lambda: calls.append(1))
     assert calls == []
+
+
+def test_decider_off_in_the_settings_stops_serve_before_it_listens(tmp_path: Path) -> None:
+    """The shared contract's ``decider: off``: no socket, so every hook decides in-process."""
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("decider: off\n")
+    sock_dir = tmp_path / "sock"
+    proc = subprocess.run(
+        [sys.executable, "-I", "-m", "hook", "serve", "--config", str(settings),
+         "--socket-dir", str(sock_dir)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "decider: off" in proc.stderr and not sock_dir.exists()
+
+
+def test_decider_setting_takes_auto_or_off_only(tmp_path: Path) -> None:
+    from hook.settings import DeciderMode, load_settings
+
+    good = tmp_path / "good.yaml"
+    good.write_text("decider: off\n")
+    assert load_settings(good).decider is DeciderMode.OFF
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("decider: sometimes\n")
+    with pytest.raises(InputError, match="decider"):
+        load_settings(bad)

@@ -261,7 +261,7 @@ def test_privileged_pod_with_a_gpu_claim_is_narrowed_to_its_gpu(node: Node, caps
         "/dev/nvidia3",
     ]
     label = f"ml/gpu-2 ({CLAIM_A})"
-    assert f"{gpu_id(CLAIM_A, 2)} (kubelet-dra:{label})" in rep["reason"]
+    assert f"{gpu_id(CLAIM_A, 2)} (dra-claim:{CLAIM_A})" in rep["reason"]
     dra = rep["kubernetes"]["dra"]
     assert (dra["state_file"], dra["state"], dra["decided"]) == (str(node.dra), "read", [label])
     assert dra["claims"] == [
@@ -282,7 +282,7 @@ def test_privileged_pod_with_a_gpu_claim_is_narrowed_to_its_gpu(node: Node, caps
             "cdi_ids": [gpu_id(CLAIM_A, 2)],
         }
     ]
-    assert rep["evidence"] == ["kubelet-dra"] and rep["kubernetes"]["dra_claims"] is True
+    assert rep["evidence"] == ["dra-claim"] and rep["kubernetes"]["dra_claims"] is True
 
 
 def test_the_text_report_names_the_state_and_the_claims(node: Node, capsys: Any) -> None:

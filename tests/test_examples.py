@@ -31,7 +31,7 @@ EXPECTED = {
         "apply",
         "narrowed a privileged container to its plugin allocation "
         "k8s.gpu.nvidia.com/claim=9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b-gpu-2 "
-        "(kubelet-dra:ml/gpu-claim (9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b))",
+        "(dra-claim:9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b)",
     ),
 }
 # The DRA bundle carries its node's claim spec and the kubelet's DRA state (README).

@@ -129,7 +129,7 @@ def test_privileged_dra_pod_opens_its_claims_gpu_only(
     assert res.rc == 0, res.stderr
     node.only(parse_probe(res.stdout), 2)
     record = node.last_log()
-    assert record["verdict"] == "apply" and f"kubelet-dra:ml/gpu ({CLAIM})" in record["reason"]
+    assert record["verdict"] == "apply" and f"dra-claim:{CLAIM}" in record["reason"]
     assert record["kubernetes"]["dra"]["decided"] == [f"ml/gpu ({CLAIM})"]
 
 
