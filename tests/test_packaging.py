@@ -88,7 +88,7 @@ def test_default_config_has_every_key_commented_out() -> None:
         "kubelet_dra_state", "corroborating_env", "accelerator_nodes", "cdi_kinds", "env_requests",
         "env_trusted_namespaces", "gpu_resources",
         "mig_management", "cap_access", "log_file", "log_max_bytes", "cache_dir",
-        "runtime", "driver_root", "cdi_spec_dirs",
+        "runtime", "driver_root", "cdi_spec_dirs", "decider",
     }  # fmt: skip
     assert keys == expected
 
