@@ -59,8 +59,8 @@ def last_device(devices: int) -> str:
 
 def time_inprocess(spec_dir: Path, cache_dir: Path, name: str, *, cold: bool, reps: int) -> list[float]:
     """Seconds per ``Registry.load(...).resolve([name])`` (imports already paid)."""
-    from hook.cdi.cache import CACHE_NAME
-    from hook.cdi.registry import Registry
+    from hook.sources.cdi.cache import CACHE_NAME
+    from hook.sources.cdi.registry import Registry
 
     cache_file = cache_dir / CACHE_NAME
     Registry.load([spec_dir], cache_dir).resolve([name])  # warm imports and (for cached) the cache

@@ -5,7 +5,7 @@ launcher's ``hook serve`` (same interpreter, same lib) in the bench's private ``
 one start of each container before its row. The rows "decider stopped" pair the in-process hook
 with no decider against one that first fails to connect (a socket nobody listens on: what a
 stopped decider leaves at worst), so they show what the fallback adds. The memory check drives
-1,000 decisions of the slice pod on the 64 GPUs + 224 MIG node through ``hook.client`` and reads
+1,000 decisions of the slice pod on the 64 GPUs + 224 MIG node through ``hook.routes.client`` and reads
 the decider's VmRSS after the 100th and the 1,000th.
 """
 
@@ -79,7 +79,7 @@ def _with_stale(sample: Sample, present: bool) -> Sample:
 
 
 def _served(b: Any) -> int:
-    from hook import client
+    from hook.routes import client
 
     got = client.status()
     return int(got["requests"]) if isinstance(got, dict) else -1  # type: ignore[call-overload]
@@ -157,7 +157,7 @@ def _rss_kib(pid: int) -> int:
 def _memory(b: Any, pid: int) -> tuple[str, bool, str]:
     """1,000 decisions of the slice pod on the 64 + 224 MIG node (no pid: decided and logged, not
     applied); VmRSS after the 100th and the 1,000th."""
-    from hook import client
+    from hook.routes import client
 
     os.environ[client.TIMEOUT_ENV] = "5000"  # this loop measures memory: never fall back on a slow start
     root, spec = b.host("64+224-mig")

@@ -3,8 +3,8 @@
 Rule: runs under the launcher's flags (``python3 -ISB``) with ``LIB`` first on ``sys.path``, calls
 ``hook.entry.main(ARGS)`` exactly as the launcher does (the OCI state on fd 0), then appends one JSON
 line to ``OUT``: exit status, whether ``pynvml`` was ever imported, how many modules were loaded and
-which ``hook`` modules. ``--stub-apply`` swaps ``hook.apply.transaction.apply_plan`` (and the
-pid check ``hook.apply.locate.find_container``) for no-ops so
+which ``hook`` modules. ``--stub-apply`` swaps ``hook.adapters.apply.transaction.apply_plan`` (and the
+pid check ``hook.adapters.apply.locate.find_container``) for no-ops so
 the whole decision path runs without a container (CDI timing and checks); without it the Plan is
 applied for real (as a runc prestart hook).
 """
@@ -26,13 +26,13 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, lib)
     before = set(sys.modules)
     if stub:
-        from hook.apply import transaction
+        from hook.adapters.apply import transaction
 
         def apply_plan(plan: object, pid: int, **_kw: object) -> object:
             return transaction.AppliedInfo(cgroup_version=0)
 
         transaction.apply_plan = apply_plan  # type: ignore[assignment]
-        from hook.apply import locate
+        from hook.adapters.apply import locate
 
         locate.find_container = lambda *_a, **_kw: None  # type: ignore[assignment]
     from hook.entry import main as hook_main

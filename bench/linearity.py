@@ -18,11 +18,11 @@ __all__ = ["calls", "check_effect_calls", "check_effect_times", "measure", "refe
 
 def _decide_once(root: Path, bundle: Path, cache: Path, empty: Path, count: bool = False) -> float:
     """Seconds (or, with ``count``, Python calls) of gather + decide + the v1 effect check."""
-    from hook.apply.cgroup_v1 import check_effect, parse_list
-    from hook.decide import decide
-    from hook.gather import Options, load_inputs
-    from hook.oci import parse_state
-    from hook.settings import Settings
+    from hook.adapters.apply.cgroup_v1 import check_effect, parse_list
+    from hook.core.decide import decide
+    from hook.core.oci import parse_state
+    from hook.routes.gather import Options, load_inputs
+    from hook.sources.settingsfile import Settings
 
     state = parse_state(bundles.state_for(bundle, "odh-bench-linear", os.getpid()), "state")
     settings = Settings(cache_dir=str(cache), log_file=str(cache / "hook.log"))
@@ -64,8 +64,8 @@ def measure(
 
 def check_effect_times(n: int) -> float:
     """Best seconds of ``check_effect`` for ``2n`` rules (n allows, n denies) on an n-entry list."""
-    from hook.apply.cgroup_v1 import ListEntry, check_effect
-    from hook.rules import Access, DeviceType, Rule
+    from hook.adapters.apply.cgroup_v1 import ListEntry, check_effect
+    from hook.core.rules import Access, DeviceType, Rule
 
     rw = Access.R | Access.W
     entries = [ListEntry(DeviceType.CHAR, 195, m, rw) for m in range(n)]
@@ -109,8 +109,8 @@ def calls(run: Any) -> int:
 
 
 def check_effect_calls(n: int) -> int:
-    from hook.apply.cgroup_v1 import ListEntry, check_effect
-    from hook.rules import Access, DeviceType, Rule
+    from hook.adapters.apply.cgroup_v1 import ListEntry, check_effect
+    from hook.core.rules import Access, DeviceType, Rule
 
     rw = Access.R | Access.W
     entries = [ListEntry(DeviceType.CHAR, 195, m, rw) for m in range(n)]

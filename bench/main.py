@@ -314,7 +314,8 @@ class Bench:
         out = self.tmp / "hookproc-nodev.jsonl"
         timed_process([*proc, str(out), "--"], self.tmp / "state-nodev.json", "hookproc nodev")()
         rec = _last(out)
-        fast = rec["hook_modules"] == ["hook", "hook.entry", "hook.fastpath"] and not rec["heavy_stdlib"]
+        fast_mods = ["hook", "hook.entry", "hook.routes", "hook.routes.fastpath"]
+        fast = rec["hook_modules"] == fast_mods and not rec["heavy_stdlib"]
         self.check("(1)/(3) no-device: fast path (entry + fastpath only, no json/re/enum), no pynvml",
                    rec["rc"] == 0 and fast and not rec["pynvml"],
                    f"exit {rec['rc']}, {rec['new_modules']} modules loaded, hook modules "

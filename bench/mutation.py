@@ -179,7 +179,7 @@ def _commit() -> str:
 
 
 def _group(module: str) -> str:
-    return "hook/apply/*" if module.startswith("hook/apply/") else module
+    return "hook/adapters/apply/*" if module.startswith("hook/adapters/apply/") else module
 
 
 def report(results: Sequence[Result], header: Sequence[str], claims: Claims) -> str:

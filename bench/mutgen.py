@@ -17,18 +17,18 @@ from pathlib import Path
 # The modules whose failure lets a container reach a device it should not, or writes outside
 # it (issue 24): run first, and given a larger share of the sample.
 SAFETY = (
-    "hook/hostdev.py",
-    "hook/allowlist.py",
-    "hook/marker.py",
-    "hook/checkpoint.py",
-    "hook/cachefile.py",
+    "hook/core/hostdev.py",
+    "hook/adapters/allowlist.py",
+    "hook/adapters/marker.py",
+    "hook/sources/kubelet/checkpoint.py",
+    "hook/sources/cachefile.py",
     "hook/entry.py",
-    "hook/fastpath.py",  # entry's fast path, split out of it
-    "hook/requests.py",
-    "hook/decide.py",
-    "hook/apply/",
-    "hook/precreate.py",
-    "hook/specwriter.py",
+    "hook/routes/fastpath.py",  # entry's fast path, split out of it
+    "hook/core/requests.py",
+    "hook/core/decide.py",
+    "hook/adapters/apply/",
+    "hook/routes/precreate.py",
+    "hook/adapters/specwriter.py",
 )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hook.nvidia.inventory import dumps, load
+from hook.sources.nvidia.inventory import dumps, load
 from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, cap_minor, make_host_tree
 from tests.nvidia.fake_pynvml import FakeNvml
 
@@ -198,7 +198,7 @@ K8S_POD = {  # containerd's CRI annotations for pod ml/train-0, container cuda
     "io.kubernetes.cri.container-name": "cuda",
 }
 # containerd's cgroupsPath for that container under the systemd driver (what tells containerd
-# from CRI-O: a pod cannot write it; hook/podid.py)
+# from CRI-O: a pod cannot write it; hook/sources/kubelet/podid.py)
 K8S_CGROUPS_PATH = (
     "kubepods-besteffort-pod0b7e5d2c_4a91_4f3e_8c6d_1e2f3a4b5c6d.slice:cri-containerd:" + "7e1a" * 16
 )

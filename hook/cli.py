@@ -1,6 +1,6 @@
 """The command line for people and programs: simulation (``--bundle``) and the tools.
 
-Rule: this is the only place (with ``hook.entry``/``hook.live``) that prints or picks an exit
+Rule: this is the only place (with ``hook.entry``/``hook.routes.live``) that prints or picks an exit
 code; everything below raises ``HookError``. Simulation shares ``gather``/``decide`` with live
 mode and differs only in the adapter: it prints the Plan instead of applying it.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from hook.errors import HookError
+from hook.core.errors import HookError
 
 __all__ = ["run", "cli"]
 
@@ -48,7 +48,7 @@ def _version() -> str:
     try:
         return version("oci-device-hook")
     except PackageNotFoundError:
-        from hook.version import VERSION
+        from hook.core.version import VERSION
 
         return VERSION
 
@@ -73,7 +73,7 @@ def _warn_missing_dirs(dirs: Any) -> None:
 def _options(o: dict[str, Any], *, use_cache: bool, resolve: bool = True) -> Any:
     """Options from the command line; with ``resolve``, what is not given comes from the settings
     file (``driver_root``, ``cdi_spec_dirs``), or the defaults when that file cannot be read."""
-    from hook.gather import Options, inventory_option, resolved
+    from hook.routes.gather import Options, inventory_option, resolved
 
     _warn_missing_dirs(o.get("spec_dirs"))
 
@@ -86,7 +86,7 @@ def _options(o: dict[str, Any], *, use_cache: bool, resolve: bool = True) -> Any
     )
     if not resolve or (opts.driver_root is not None and opts.spec_dirs):
         return opts
-    from hook.settings import DEFAULT_PATH, Settings, load_settings
+    from hook.sources.settingsfile import DEFAULT_PATH, Settings, load_settings
 
     try:
         settings = load_settings(opts.settings_file or DEFAULT_PATH)
@@ -143,10 +143,10 @@ def _simulate(
     output_config: Path | None,
     dra_state: Path | None = None,
 ) -> None:
-    from hook.decide import decide
-    from hook.gather import load_inputs, read_state_file, state_from_bundle
-    from hook.record import replace
-    from hook.report import build_report, render_json, render_text
+    from hook.core.decide import decide
+    from hook.core.record import replace
+    from hook.core.report import build_report, render_json, render_text
+    from hook.routes.gather import load_inputs, read_state_file, state_from_bundle
 
     state = read_state_file(state_file) if state_file else state_from_bundle(bundle)
     state = replace(state, bundle=str(bundle))
@@ -164,7 +164,7 @@ def _simulate(
 
 def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
     """The config ``hook precreate`` would hand the runtime (the same fold: ``precreate.decided_config``)."""
-    from hook.precreate import decided_config
+    from hook.routes.precreate import decided_config
 
     opts = _options(o, use_cache=False)
     config = decided_config(inputs, plan, opts.driver_root, opts.spec_dirs)
@@ -179,7 +179,7 @@ def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
 @click.pass_context
 def inventory(ctx: click.Context, /, **kw: Any) -> None:
     """Print the host's NVIDIA inventory (NVML + /proc) as JSON."""
-    from hook.nvidia.commands import cmd_inventory
+    from hook.tools.inventorycmd import cmd_inventory
 
     o = _merged(ctx, **kw)
     _finish(
@@ -199,7 +199,7 @@ def cdi() -> None:
 @click.pass_context
 def cdi_list(ctx: click.Context, /, **kw: Any) -> None:
     """List every CDI device the spec dirs define, and every broken spec file."""
-    from hook.cdi.commands import cmd_list
+    from hook.tools.cdicmd import cmd_list
 
     o = _merged(ctx.find_root(), **kw)
     dirs = list(_options(o, use_cache=False).spec_dirs)
@@ -215,7 +215,7 @@ def cdi_list(ctx: click.Context, /, **kw: Any) -> None:
 @click.pass_context
 def cdi_validate(ctx: click.Context, /, files: tuple[Path, ...], **kw: Any) -> None:
     """Validate spec files; exit 1 and one line per problem when any is invalid."""
-    from hook.cdi.commands import cmd_validate
+    from hook.tools.cdicmd import cmd_validate
 
     o = _merged(ctx.find_root(), **kw)
     _finish(*cmd_validate(list(files), o.get("fmt") or "text"))
@@ -227,7 +227,7 @@ def cdi_validate(ctx: click.Context, /, files: tuple[Path, ...], **kw: Any) -> N
 @click.pass_context
 def cdi_resolve(ctx: click.Context, /, names: tuple[str, ...], **kw: Any) -> None:
     """Print the merged container edits for qualified device names."""
-    from hook.cdi.commands import cmd_resolve
+    from hook.tools.cdicmd import cmd_resolve
 
     o = _merged(ctx.find_root(), **kw)
     opts = _options(o, use_cache=False)
@@ -243,8 +243,8 @@ def doctor(
     ctx: click.Context, /, hooks_dirs: tuple[Path, ...], containerd_config: Path | None, **kw: Any
 ) -> None:
     """Check this node's readiness: driver, CDI specs, cgroups, hooks.d, settings."""
-    from hook.doctor import run_doctor
-    from hook.settings import DEFAULT_PATH
+    from hook.sources.settingsfile import DEFAULT_PATH
+    from hook.tools.doctor import run_doctor
 
     o = _merged(ctx, **kw)
     opts = _options(o, use_cache=False)
@@ -271,7 +271,7 @@ def doctor(
 @click.option("--config", "config_file", type=PathArg, help="settings (`decider: off`: do not serve)")
 def serve_cmd(socket_dir: Path, config_file: Path | None) -> None:
     """Run the warm decider: live hooks on this node hand their containers to it (as root)."""
-    from hook.serve import serve
+    from hook.routes.serve import serve
 
     _finish("", serve(str(socket_dir), str(config_file) if config_file else None))
 
@@ -296,11 +296,11 @@ def log_cmd(
     **filters: Any,
 ) -> None:
     """Read the decision log: e.g. which containers were narrowed today (--since today --narrowed)."""
-    from hook.logread import cmd_log
+    from hook.tools.logread import cmd_log
 
     named = log_file is not None
     if log_file is None:
-        from hook.settings import DEFAULT_PATH, load_settings
+        from hook.sources.settingsfile import DEFAULT_PATH, load_settings
 
         root = ctx.find_root().obj or {}
         path = config_file or root.get("config_file")
@@ -319,7 +319,7 @@ def settings_group() -> None:
 def settings_check(file: Path) -> None:
     """Validate FILE as the live hook would (unknown or duplicate keys, bad values): every error, one
     line each (an unknown key names the closest known one), exit 1; or one ok line, exit 0."""
-    from hook.settings import check_file
+    from hook.sources.settingsfile import check_file
 
     errors = check_file(file)
     for error in errors:
@@ -344,7 +344,7 @@ def run(argv: list[str]) -> int:
         sys.stderr.write(f"hook: {exc}\n")
         return exc.exit_code
     except Exception as exc:  # one escaped line, never a traceback (a container's config may be anything)
-        from hook.escape import clean
+        from hook.core.escape import clean
 
         sys.stderr.write(f"hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
         return 1

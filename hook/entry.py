@@ -1,9 +1,9 @@
 """Console entry: the live hook a runtime runs for every container, and the door to the CLI.
 
 Rule: this module is on every container's start path, so at import it pulls in only ``os``,
-``sys`` and ``hook.fastpath`` (itself os-only): it parses live-mode argv and hands the
-container to the fast path, the full path (``hook.live``) or the CLI. Nothing imports it back;
-the rules it applies live in ``hook.fastpath``, and everything else (records, yaml, click,
+``sys`` and ``hook.routes.fastpath`` (itself os-only): it parses live-mode argv and hands the
+container to the fast path, the full path (``hook.routes.live``) or the CLI. Nothing imports it back;
+the rules it applies live in ``hook.routes.fastpath``, and everything else (records, yaml, click,
 pynvml) loads only when needed.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hook.fastpath import MAX_CONFIG, MAX_STATE, fast_path, precreate_fast, read_limited
+from hook.routes.fastpath import MAX_CONFIG, MAX_STATE, fast_path, precreate_fast, read_limited
 
 TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "settings", "serve"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
@@ -105,7 +105,7 @@ def precreate(opts: dict[str, list[str]]) -> int:
         stdin = b""
     if len(stdin) <= MAX_CONFIG and precreate_fast(opts, stdin):
         return _hand_over(stdin, 0)
-    from hook.precreate import run_precreate
+    from hook.routes.precreate import run_precreate
 
     code, out = run_precreate(opts, stdin)
     return _hand_over(out, code) if out else code
@@ -117,7 +117,7 @@ def _hand_over(out: bytes, code: int) -> int:
     try:
         _write_out(out)
     except OSError as exc:
-        from hook.precreate import _runtime_log
+        from hook.routes.precreate import _runtime_log
 
         line = f"oci-device-hook: stdout: cannot write the config for the runtime: {exc.strerror or exc}"
         sys.stderr.write(line + "\n")
@@ -129,7 +129,7 @@ def _hand_over(out: bytes, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["runtime-wrapper"]:  # packaging/runtime, for create/run/restore: decides, then execs
-        from hook.wrapper import main as wrapper_main
+        from hook.routes.wrapper import main as wrapper_main
 
         return wrapper_main(argv[1:])
     parsed = _split(argv)
@@ -163,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     served = _served(stage, opts, stdin)
     if not isinstance(served, str):
         return served
-    from hook.live import Session, run_live
+    from hook.routes.live import Session, run_live
 
     try:
         return run_live(opts, stdin, Session((f"decider: {served}; decided in-process",) if served else ()))
     except Exception as exc:  # the runtime shows one line, never a traceback
-        from hook.escape import clean
+        from hook.core.escape import clean
 
         sys.stderr.write(f"oci-device-hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
         return 1
@@ -186,8 +186,8 @@ def _served(stage: str, opts: dict[str, list[str]], stdin: bytes) -> int | str:
             return ""
     except OSError:
         return ""
-    from hook.client import Refused, ask
-    from hook.fastpath import loads
+    from hook.routes.client import Refused, ask
+    from hook.routes.fastpath import loads
 
     try:
         pid = loads(stdin).get("pid")
@@ -196,7 +196,7 @@ def _served(stage: str, opts: dict[str, list[str]], stdin: bytes) -> int | str:
     try:
         got = ask(stage, opts, stdin, pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
     except Refused as exc:
-        from hook.client import SOCKET_DIR, SOCKET_NAME
+        from hook.routes.client import SOCKET_DIR, SOCKET_NAME
 
         where = f"{SOCKET_DIR}/{SOCKET_NAME}"
         sys.stderr.write(f"oci-device-hook: {where}: the decider ended while applying ({exc}): refused\n")

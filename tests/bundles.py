@@ -52,7 +52,8 @@ POD_ANNOTATIONS = {
     "io.kubernetes.cri.sandbox-uid": POD_UID,
     "io.kubernetes.cri.container-name": CONTAINER,
 }
-# containerd's linux.cgroupsPath (cgroupfs driver): with sandbox-id, what names containerd (hook/podid.py)
+# containerd's linux.cgroupsPath (cgroupfs driver): with sandbox-id, what names containerd
+# (hook/sources/kubelet/podid.py)
 CONTAINERD_CGROUPS_PATH = f"/kubepods/besteffort/pod{POD_UID}/" + "4b2d" * 16
 
 

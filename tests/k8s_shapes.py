@@ -57,7 +57,8 @@ POD_CGROUP = f"/kubepods/besteffort/pod{POD_UID}"
 
 def cgroups_path(engine: str, cid: str = CONTAINER_ID, parent: str = POD_CGROUP) -> str:
     """``linux.cgroupsPath`` as each engine writes it with the cgroupfs driver: containerd
-    ``<parent>/<id>``, CRI-O ``<parent>/crio-<id>`` (what tells the engines apart: hook/podid.py)."""
+    ``<parent>/<id>``, CRI-O ``<parent>/crio-<id>`` (what tells the engines apart:
+    hook/sources/kubelet/podid.py)."""
     if engine == "containerd":
         return f"{parent}/{cid}"
     if engine == "crio":

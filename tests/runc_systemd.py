@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hook.rules import Access, DeviceType, Rule
+from hook.core.rules import Access, DeviceType, Rule
 
 __all__ = ["RUNC_DEFAULTS", "PunchHoleError", "systemd_properties", "unit_allows"]
 

@@ -1,4 +1,5 @@
-"""hook.allowlist: a narrowed rule list as deny-all plus allows, never wider, exact where promised."""
+"""hook.adapters.allowlist: a narrowed rule list as deny-all plus allows, never wider, exact where
+promised."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import random
 
 import pytest
 
-from hook.allowlist import UNNAMED, access_of, as_allow_list, is_allow_list
-from hook.rules import DENY_ALL, Access, DeviceType, Rule, evaluate
+from hook.adapters.allowlist import UNNAMED, access_of, as_allow_list, is_allow_list
+from hook.core.rules import DENY_ALL, Access, DeviceType, Rule, evaluate
 
 C, B = DeviceType.CHAR, DeviceType.BLOCK
 RWM = Access.RWM

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hook import doctor
-from hook.engines import StageHooks, base_spec_hooks, runs_after_nvidia
+from hook.tools import doctor
+from hook.tools.engines import StageHooks, base_spec_hooks, runs_after_nvidia
 
 OURS = f"{doctor.LIBEXEC}/hook"
 # NVIDIA's entries as its toolkit writes them (nvidia-container-toolkit: the legacy runtime hook,

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from hook import cachefile, fastpath, settings
-from hook.cdi import cache as cdi_cache
-from hook.cdi.registry import Registry
-from hook.version import VERSION
+from hook.core.version import VERSION
+from hook.routes import fastpath
+from hook.sources import cachefile
+from hook.sources import settingsfile as settings
+from hook.sources.cdi import cache as cdi_cache
+from hook.sources.cdi.registry import Registry
 from tests.cdi.helpers import base_spec, device, write_spec
 
 NOBODY = 65534

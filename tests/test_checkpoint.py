@@ -1,4 +1,4 @@
-"""hook.checkpoint: the kubelet device-plugin checkpoint and its protobuf AllocResp."""
+"""hook.sources.kubelet.checkpoint: the kubelet device-plugin checkpoint and its protobuf AllocResp."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from hook.checkpoint import find_allocations, parse_checkpoint
-from hook.errors import InputError
+from hook.core.errors import InputError
+from hook.sources.kubelet.checkpoint import find_allocations, parse_checkpoint
 from tests.bundles import CONTAINER, POD_UID, alloc_resp, checkpoint, checkpoint_entry
 
 

@@ -235,10 +235,11 @@ def test_live_error_never_applies(name: str, tmp_path: Path) -> None:
     bundle, state, settings = _prepare(case, tmp_path)
     marks = tmp_path / "marks"
     code = (
-        "import sys, hook.live, hook.apply.transaction as t\n"
+        "import sys, hook.routes.live, hook.adapters.apply.transaction as t\n"
         f"def rec(*a, **k): open({str(marks)!r}, 'a').write('applied\\n')\n"
         "t.apply_plan = rec\n"
-        f"hook.live._log = lambda r, s, *_: open({str(marks)!r}, 'a').write('log ' + r['verdict'] + '\\n')\n"
+        f"hook.routes.live._log = lambda r, s, *_: open({str(marks)!r}, 'a')"
+        ".write('log ' + r['verdict'] + '\\n')\n"
         "from hook.entry import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )

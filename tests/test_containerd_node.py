@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from hook import install, nodefs
-from hook.errors import HookError
+from hook.core.errors import HookError
+from hook.tools import install, nodefs
 from tests.test_install import Node, make_tree, needs_python
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespace)")
@@ -270,7 +270,7 @@ def test_handlers_in_an_imported_drop_in_are_registered_as_containerd_reads_them
     assert set(wrapped.values()) <= {f"{tmp_path}/libexec/runtime", f"{tmp_path}/libexec/handlers/nvidia"}
     assert cri(got)["containerd"]["default_runtime_name"] == "nvidia"
     assert "# the GPU operator's drop-in" in drop.read_text()
-    from hook import doctor
+    from hook.tools import doctor
 
     assert doctor.check_containerd(conf, node.opts.libexec).ok
     assert doctor.check_containerd(conf, node.opts.libexec, binary=None).ok  # the model without the binary
@@ -281,7 +281,7 @@ def test_handlers_in_an_imported_drop_in_are_registered_as_containerd_reads_them
 @needs_containerd
 def test_doctor_judges_the_drop_in_that_makes_nvidia_the_default(tmp_path: Path) -> None:
     """The main config registered (today's installer result), a drop-in then replaces the CRI table."""
-    from hook import doctor, engines
+    from hook.tools import doctor, engines
 
     node, conf, drop = _drop_in_node(tmp_path)
     drop.unlink()
@@ -311,7 +311,7 @@ def test_imports_containerd_reads_differently_are_refused_with_one_line(tmp_path
 def test_doctor_on_a_host_where_containerd_is_installed_but_not_running(tmp_path: Path) -> None:
     import socket
 
-    from hook import doctor
+    from hook.tools import doctor
 
     conf = tmp_path / "config.toml"
     conf.write_text(NODE_CONFIG + f'[grpc]\n  address = "{tmp_path}/c.sock"\n')
@@ -360,7 +360,7 @@ K3S_RENDERED = textwrap.dedent(f"""\
 
 @pytest.mark.parametrize("distro", ["k3s", "rke2"])
 def test_k3s_shaped_node_registers_the_template_that_wins(tmp_path: Path, distro: str) -> None:
-    from hook import doctor
+    from hook.tools import doctor
 
     root = tmp_path / "root"
     etc = root / f"var/lib/rancher/{distro}/agent/etc/containerd"

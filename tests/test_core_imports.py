@@ -9,15 +9,15 @@ import pytest
 
 HOOK = Path(__file__).resolve().parents[1] / "hook"
 CORE = (
-    "decide.py",
-    "requests.py",
-    "plan.py",
-    "rules.py",
-    "report.py",
-    "specwriter.py",
-    "allowlist.py",
-    "cdi/names.py",
-    "runtimeargs.py",
+    "core/decide.py",
+    "core/requests.py",
+    "core/plan.py",
+    "core/rules.py",
+    "core/report.py",
+    "adapters/specwriter.py",
+    "adapters/allowlist.py",
+    "core/cdinames.py",
+    "routes/runtimeargs.py",
 )
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
 # install: the installer's; serve: the decider's own start and stop lines; wrapper: the runtime
@@ -25,12 +25,12 @@ FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click"
 SHELL = {
     "cli.py",
     "entry.py",
-    "live.py",
-    "precreate.py",
+    "routes/live.py",
+    "routes/precreate.py",
     "__main__.py",
-    "install.py",
-    "serve.py",
-    "wrapper.py",
+    "tools/install.py",
+    "routes/serve.py",
+    "routes/wrapper.py",
 }
 
 
@@ -50,7 +50,7 @@ def test_core_module_imports_no_io(module: str) -> None:
     names = imports(HOOK / module)
     assert names, module
     assert not {n.split(".")[0] for n in names} & FORBIDDEN
-    assert not {n for n in names if n == "hook.apply" or n.startswith("hook.apply.")}
+    assert not {n for n in names if n == "hook.adapters.apply" or n.startswith("hook.adapters.apply.")}
 
 
 def _outputs(path: Path) -> list[str]:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from hook.allowlist import HostDevices, parse_device_majors
-from hook.oci import parse_config_object, parse_rule
-from hook.rules import Access, DeviceType, Rule, evaluate
-from hook.specwriter import fold_plan
+from hook.adapters.allowlist import HostDevices, parse_device_majors
+from hook.adapters.specwriter import fold_plan
+from hook.core.oci import parse_config_object, parse_rule
+from hook.core.rules import Access, DeviceType, Rule, evaluate
 from tests.hosttree import CAPS_MAJOR, make_host_tree
 from tests.runc_systemd import RUNC_DEFAULTS, PunchHoleError, systemd_properties, unit_allows
 
@@ -36,9 +36,9 @@ KEPT = [(C, 195, 1), (C, 195, 255), (C, 1, 3), (C, 5, 0), (C, 136, 4), (C, 511, 
 
 def _plan_and_config(tmp_path: Path) -> tuple[dict[str, object], object]:
     """The seed 000 slice pod decided by the real decide, and the host it ran on."""
-    from hook.decide import decide
-    from hook.gather import Options, inputs_for_config
-    from hook.settings import Settings
+    from hook.core.decide import decide
+    from hook.routes.gather import Options, inputs_for_config
+    from hook.sources.settingsfile import Settings
 
     root = tmp_path / "root"
     make_host_tree(root, "8x-mig", mknod=False)

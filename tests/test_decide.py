@@ -545,8 +545,8 @@ def test_text_format_renders_the_decision(tmp_path: Path, capsys) -> None:
 def test_allocation_names_list_four_then_count_the_rest(n: int, tail: str) -> None:
     """Issue 24 (fresh mutant s530669-085, ``> 3``): a reason names up to four allocated devices;
     exactly four never ends in "and 0 more"."""
-    from hook.decide import _allocation_names
-    from hook.requests import DeviceRequest, Kind, Requests
+    from hook.core.decide import _allocation_names
+    from hook.core.requests import DeviceRequest, Kind, Requests
 
     reqs = Requests(
         items=tuple(

@@ -1,5 +1,5 @@
 """The warm decider and the thin client without a container runtime: the wire, the trust checks,
-every fallback of issue 23 item 3, and the views kept by file identity (``hook.warm``).
+every fallback of issue 23 item 3, and the views kept by file identity (``hook.sources.warm``).
 
 The decider runs in a thread of this process on a socket in ``tmp_path`` (``client.SOCKET_DIR``
 is pointed there); misbehaving deciders are small fake servers. A real container start through
@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from hook import client, fastpath, serve, settings, warm
-from hook.errors import InputError
-from hook.live import run_live
+from hook.core.errors import InputError
+from hook.routes import client, fastpath, serve
+from hook.routes.live import run_live
+from hook.sources import settingsfile as settings
+from hook.sources import warm
 from tests.bundles import PRIVATE_RUN, gen, settings_file, state, write_bundle
 
 NEEDS_DECISION = "privileged-no-allocation"  # decided "none": logged, nothing to apply
@@ -337,7 +339,8 @@ def test_the_hook_falls_back_with_one_warning_in_the_log(tmp_path: Path) -> None
     assert first == second
 
 
-# --- views kept by identity (hook.warm) ---------------------------------------------------------------
+# --- views kept by identity (hook.sources.warm)
+# ---------------------------------------------------------------
 
 
 @pytest.fixture
@@ -409,7 +412,7 @@ def test_decider_off_in_the_settings_stops_serve_before_it_listens(tmp_path: Pat
 
 
 def test_decider_setting_takes_auto_or_off_only(tmp_path: Path) -> None:
-    from hook.settings import DeciderMode, load_settings
+    from hook.sources.settingsfile import DeciderMode, load_settings
 
     good = tmp_path / "good.yaml"
     good.write_text("decider: off\n")

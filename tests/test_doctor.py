@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hook import doctor
+from hook.tools import doctor
 from tests.hosttree import make_host_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -340,7 +340,7 @@ def test_decider_check_says_whether_one_answers(tmp_path: Path, monkeypatch) -> 
     import socket
     import threading
 
-    from hook import client, serve
+    from hook.routes import client, serve
 
     sockdir = tmp_path / "run"
     sockdir.mkdir(mode=0o700)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from hook.dra import default_path, parse_state
-from hook.errors import InputError
+from hook.core.errors import InputError
+from hook.sources.kubelet.dra import default_path, parse_state
 from tests.bundles import (
     _hook_exe,
     alloc_resp,
@@ -176,7 +176,8 @@ def pod_config(
         "root": {"path": "rootfs"},
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
         "annotations": annotations(engine),
-        "linux": {"cgroupsPath": cgroups_path(engine), **linux},  # the engine's, as hook.podid reads it
+        # the engine's, as hook.sources.kubelet.podid reads it
+        "linux": {"cgroupsPath": cgroups_path(engine), **linux},
     }
 
 
@@ -511,8 +512,8 @@ def test_precreate_leaves_the_claims_gpu_only(node: Node, capsys: Any, engine: s
         if d["path"].startswith("/dev/nvidia") and d["path"][11:].isdigit()
     )
     assert gpus == ["/dev/nvidia2"]
-    from hook.oci import parse_rule
-    from hook.rules import Access, DeviceType, evaluate
+    from hook.core.oci import parse_rule
+    from hook.core.rules import Access, DeviceType, evaluate
 
     rules = [parse_rule(r, "out", "r") for r in out["linux"]["resources"]["devices"]]
     opens = {m for m in K8S_MINORS if evaluate(rules, DeviceType.CHAR, NVIDIA_MAJOR, m, Access.R)}
@@ -566,7 +567,7 @@ def test_kubelet_dra_state_setting(tmp_path: Path, value: object, ok: bool) -> N
     path.write_text(json.dumps({"kubelet_dra_state": value}))
     assert (cli(["settings", "check", str(path)]) == 0) is ok
     if ok:
-        from hook.settings import load_settings
+        from hook.sources.settingsfile import load_settings
 
         expected = value or "/var/lib/kubelet/dra_manager_state"
         assert load_settings(path, required=True).dra_state_path == expected

@@ -1,4 +1,4 @@
-"""The live fast path: a no-device container is answered by hook.entry and hook.fastpath alone (no
+"""The live fast path: a no-device container is answered by hook.entry and hook.routes.fastpath alone (no
 click, yaml, pynvml, no decision modules); anything that needs a decision takes the full path."""
 
 from __future__ import annotations
@@ -12,26 +12,28 @@ from pathlib import Path
 import pytest
 
 import hook.entry
-import hook.fastpath
-from hook.fastpath import needs_decision
+import hook.routes.fastpath
+from hook.routes.fastpath import needs_decision
 from tests.bundles import PRIVATE_RUN, config, gen, state, write_bundle
 
-# The log is stubbed (as module hook.log) so a slow-path run writes nothing outside tmp.
+# The log is stubbed (as module hook.adapters.log) so a slow-path run writes nothing outside tmp.
 PROBE = """
 import sys, types
 calls = []
-stub = types.ModuleType("hook.log")
+stub = types.ModuleType("hook.adapters.log")
 stub.write_log = lambda record, path, max_bytes=0: calls.append(record["verdict"])
-sys.modules["hook.log"] = stub
+sys.modules["hook.adapters.log"] = stub
 sys.argv = ["hook"]
 import os
 import hook.entry
 from hook.entry import main
-import hook.fastpath
-hook.fastpath.DEFAULT_SETTINGS = os.environ.get("ODH_PROBE_SETTINGS", hook.fastpath.DEFAULT_SETTINGS)
+import hook.routes.fastpath
+hook.routes.fastpath.DEFAULT_SETTINGS = os.environ.get(
+    "ODH_PROBE_SETTINGS", hook.routes.fastpath.DEFAULT_SETTINGS
+)
 rc = main()
 top = ("click", "yaml", "pynvml", "hook")
-mods = sorted(m for m in sys.modules if m.split(".")[0] in top and m != "hook.log")
+mods = sorted(m for m in sys.modules if m.split(".")[0] in top and m != "hook.adapters.log")
 print(mods)
 print(calls)
 print(rc)
@@ -59,7 +61,7 @@ def probe(
 def test_no_device_container_loads_only_the_entry(tmp_path: Path) -> None:
     bundle = write_bundle(tmp_path / "b", config(["LANG=C"], devices=[gen.node("/dev/fuse", 10, 229)]))
     mods, calls, rc = probe(state(bundle, pid=4242))
-    assert (mods, calls, rc) == (["hook", "hook.entry", "hook.fastpath"], [], 0)
+    assert (mods, calls, rc) == (["hook", "hook.entry", "hook.routes", "hook.routes.fastpath"], [], 0)
 
 
 def test_decision_needed_takes_the_slow_path(tmp_path: Path) -> None:
@@ -67,7 +69,7 @@ def test_decision_needed_takes_the_slow_path(tmp_path: Path) -> None:
     mods, calls, rc = probe(state(bundle))
     assert rc == 0
     assert calls == ["none"]
-    assert {"hook.decide", "hook.gather", "hook.live", "hook.oci"} <= set(mods)
+    assert {"hook.core.decide", "hook.routes.gather", "hook.routes.live", "hook.core.oci"} <= set(mods)
     assert not any(m.split(".")[0] in ("click", "pynvml") for m in mods)
 
 
@@ -123,9 +125,9 @@ def test_state_over_1_mib_takes_the_full_path(tmp_path: Path) -> None:
     opts = {"--config": [str(tmp_path / "absent.yaml")]}
     small = state(bundle)
     at_limit = small + b" " * ((1 << 20) - len(small))
-    assert hook.fastpath.fast_path(opts, small)
-    assert hook.fastpath.fast_path(opts, at_limit)
-    assert not hook.fastpath.fast_path(opts, at_limit + b" ")
+    assert hook.routes.fastpath.fast_path(opts, small)
+    assert hook.routes.fastpath.fast_path(opts, at_limit)
+    assert not hook.routes.fastpath.fast_path(opts, at_limit + b" ")
 
 
 def test_config_without_its_value_is_the_clis_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -156,14 +158,14 @@ def test_an_internal_error_of_the_full_path_is_one_escaped_line_and_exit_1(
 ) -> None:
     """Issue 24 (fresh mutant s530669-058: the line dropped, so the runtime saw exit 1 and no
     reason): an unexpected exception on the full path is one line naming its type, escaped."""
-    import hook.live
+    import hook.routes.live
 
     def boom(opts: object, stdin: bytes, session: object = None) -> int:
         raise RuntimeError("bad \x1b[2J value\nsecond line")
 
     monkeypatch.setattr(hook.entry, "read_limited", lambda fd, limit: b"{}")
     monkeypatch.setattr(hook.entry, "fast_path", lambda opts, stdin: False)
-    monkeypatch.setattr(hook.live, "run_live", boom)
+    monkeypatch.setattr(hook.routes.live, "run_live", boom)
     assert hook.entry.main(["prestart"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("oci-device-hook: internal error: RuntimeError: bad ")
@@ -176,5 +178,5 @@ def test_precreate_fast_path_never_passes_on_a_config_it_cannot_read(stdin: byte
     may only pass a config on untouched when it read it; anything else goes to the full path,
     which names the file and field."""
     opts = {"--config": [str(tmp_path / "absent.yaml")]}
-    assert hook.fastpath.precreate_fast(opts, b'{"ociVersion": "1.0.2"}') is True  # the control
-    assert hook.fastpath.precreate_fast(opts, stdin) is False
+    assert hook.routes.fastpath.precreate_fast(opts, b'{"ociVersion": "1.0.2"}') is True  # the control
+    assert hook.routes.fastpath.precreate_fast(opts, stdin) is False

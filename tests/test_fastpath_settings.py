@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hook import fastpath, settings
+from hook.routes import fastpath
+from hook.sources import settingsfile as settings
 
 INVENTORY = Path(__file__).resolve().parents[1] / "examples" / "node" / "inventory.json"
 
@@ -88,9 +89,10 @@ def test_live_full_path_reads_compiled_settings_without_yaml(tmp_path: Path) -> 
     (bundle / "config.json").write_text(json.dumps(config))
     state = json.dumps({"id": "c1", "bundle": str(bundle)}).encode()
     code = (
-        "import sys; from pathlib import Path; import hook.fastpath as e, hook.settings as s; "
+        "import sys; from pathlib import Path; "
+        "import hook.routes.fastpath as e, hook.sources.settingsfile as s; "
         f"e.FASTPATH_CACHE = {str(tmp_path / 'fp.json')!r}; s.FASTPATH_CACHE = Path(e.FASTPATH_CACHE); "
-        "from hook.live import run_live; "
+        "from hook.routes.live import run_live; "
         f"opts = {{'--config': [{str(path)!r}], '--inventory': [{str(INVENTORY)!r}]}}; "
         "rc = run_live(opts, sys.stdin.buffer.read()); "
         "print(rc, 'yaml' in sys.modules)"

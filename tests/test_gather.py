@@ -1,4 +1,4 @@
-"""hook.gather: the shell that reads what a decision needs, and only that."""
+"""hook.routes.gather: the shell that reads what a decision needs, and only that."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hook.gather import Options, load_inputs, scan_accelerators, state_from_bundle
-from hook.settings import Settings
+from hook.routes.gather import Options, load_inputs, scan_accelerators, state_from_bundle
+from hook.sources.settingsfile import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "examples" / "node" / "inventory.json"
@@ -45,12 +45,12 @@ def test_spec_less_node_never_imports_the_cdi_engine(tmp_path: Path) -> None:
     empty.mkdir()
     b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"])
     code = (
-        "import sys; from pathlib import Path; from hook.settings import Settings; "
-        "from hook.gather import Options, load_inputs, state_from_bundle; "
+        "import sys; from pathlib import Path; from hook.sources.settingsfile import Settings; "
+        "from hook.routes.gather import Options, load_inputs, state_from_bundle; "
         f"o = Options(spec_dirs=(Path({str(empty)!r}),), inventory_file=Path({str(INVENTORY)!r}), "
         "use_cache=False, settings=Settings()); "
         f"load_inputs(state_from_bundle(Path({str(b)!r})), o); "
-        "print(sorted(m for m in sys.modules if m.startswith(('hook.cdi', 'yaml', 'pynvml'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('hook.sources.cdi', 'yaml', 'pynvml'))))"
     )
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hook.hostdev import host_dev_roots, shared_mount
-from hook.oci import Mount
+from hook.core.hostdev import host_dev_roots, shared_mount
+from hook.core.oci import Mount
 from tests.bundles import SLICE_UUID, config, deny_keys, host_devices
 from tests.test_decide import GPU, HAMI, decide_for
 

@@ -122,7 +122,7 @@ def test_fast_path_json_trick_never_raises_scanner_internals() -> None:
     """In a fresh process (``json`` not imported) the C scanner fails truncated escapes with a
     ``SystemError``: ``_loads`` must answer like ``json.loads`` instead (a ValueError)."""
     code = (
-        "from hook.fastpath import loads as _loads\n"
+        "from hook.routes.fastpath import loads as _loads\n"
         "out = []\n"
         "for d in [b'\"\\\\u12', b'\"\\\\', b'{\"a\":\"\\\\u00', b'\"a', b'{\"\\\\u', b'1' * 5000, "
         "b'[' * 3000 + b']' * 3000]:\n"
@@ -181,7 +181,7 @@ def test_a_broken_settings_files_line_goes_to_the_log_it_names(tmp_path: Path, b
 
 
 def test_salvage_log_takes_only_a_valid_unambiguous_log_file(tmp_path: Path) -> None:
-    from hook.settings import Settings, salvage_log
+    from hook.sources.settingsfile import Settings, salvage_log
 
     path = tmp_path / "config.yaml"
     default = Settings().log_file
@@ -199,8 +199,8 @@ def test_salvage_log_takes_only_a_valid_unambiguous_log_file(tmp_path: Path) -> 
 
 
 def test_duplicate_key_is_an_error_naming_key_and_line(tmp_path: Path) -> None:
-    from hook.errors import InputError
-    from hook.settings import load_settings
+    from hook.core.errors import InputError
+    from hook.sources.settingsfile import load_settings
 
     path = tmp_path / "config.yaml"
     path.write_text("cap_access: r\nlog_max_bytes: 8192\ncap_access: rw\n")

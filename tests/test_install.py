@@ -1,4 +1,4 @@
-"""Issue 15 items 1-3: the node installer (hook/install.py), engine registration, upgrades.
+"""Issue 15 items 1-3: the node installer (hook/tools/install.py), engine registration, upgrades.
 
 Every install here goes to a temp directory standing in for the node's libexec, hooks.d, etc and
 state directories (``--root /`` with node paths under ``tmp_path``), so nothing reaches the
@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hook import doctor, engines
-from hook.errors import InputError
+from hook.core.errors import InputError
+from hook.tools import doctor, engines
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "packaging"
@@ -66,7 +66,7 @@ def make_tree(dest: Path, version: str = "", bundled: bool = True) -> Path:
         shutil.copytree(_site("yaml").parent.parent / "_yaml", lib / "_yaml")
     shutil.copy2(_site("pynvml"), lib / "pynvml.py")
     if version:
-        (lib / "hook/version.py").write_text(f'VERSION = "{version}"\n')
+        (lib / "hook/core/version.py").write_text(f'VERSION = "{version}"\n')
     libexec = lib.parent
     shutil.copy2(PKG / "launcher", libexec / "hook")
     shutil.copy2(PKG / "launcher", libexec / "launcher.py")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hook.podid import identify
+from hook.sources.kubelet.podid import identify
 from tests.bundles import (
     ALLOW_ALL,
     DEFAULT_RULES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hook.log import write_log
+from hook.adapters.log import write_log
 
 
 def test_one_sorted_line_per_record(tmp_path: Path) -> None:

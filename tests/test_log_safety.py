@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.errors import ApplyError, InputError
-from hook.log import MAX_STRING, write_log
+from hook.adapters.log import MAX_STRING, write_log
+from hook.core.errors import ApplyError, InputError
 
 
 def timed(path: Path) -> tuple[str | None, float]:
@@ -77,7 +77,7 @@ def test_error_line_escapes_container_strings() -> None:
 
 
 def test_hook_log_prints_container_strings_escaped(tmp_path: Path) -> None:
-    from hook.logread import render
+    from hook.tools.logread import render
 
     record = {
         "time": "2026-01-01T00:00:00.000Z",

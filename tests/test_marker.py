@@ -1,4 +1,4 @@
-"""The marker key's file handling (hook/marker.py), pinned by the fresh mutants of issue 24.
+"""The marker key's file handling (hook/adapters/marker.py), pinned by the fresh mutants of issue 24.
 
 Rule: making or reading the node's key leaves nothing behind: no descriptor open in the hook
 (the fast path runs in the same process afterwards) and no temporary file in the cache dir
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hook import marker
-from hook.marker import KEY_NAME, load_key
+from hook.adapters import marker
+from hook.adapters.marker import KEY_NAME, load_key
 
 
 def _fds() -> set[str]:

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_same_seed_draws_the_same_mutants_and_another_seed_others() -> None:
-    a = mutgen.sample(REPO, 11, 2, 3, only=["hook/marker.py", "hook/allowlist.py"])
-    b = mutgen.sample(REPO, 11, 2, 3, only=["hook/marker.py", "hook/allowlist.py"])
-    c = mutgen.sample(REPO, 12, 2, 3, only=["hook/marker.py", "hook/allowlist.py"])
+    a = mutgen.sample(REPO, 11, 2, 3, only=["hook/adapters/marker.py", "hook/adapters/allowlist.py"])
+    b = mutgen.sample(REPO, 11, 2, 3, only=["hook/adapters/marker.py", "hook/adapters/allowlist.py"])
+    c = mutgen.sample(REPO, 12, 2, 3, only=["hook/adapters/marker.py", "hook/adapters/allowlist.py"])
     assert a == b
     assert [m.row() for m in a] != [m.row() for m in c]
     assert all(m.ident.startswith("s11-") for m in a)
@@ -31,7 +31,15 @@ def test_every_module_with_code_is_sampled_and_the_safety_modules_come_first() -
     assert sorted(set(modules)) == sorted(with_code)
     safety = [mutgen.is_safety(m) for m in modules]
     assert safety == sorted(safety, reverse=True), "a non-safety module is drawn before a safety one"
-    for name in ("hostdev", "allowlist", "marker", "checkpoint", "cachefile", "precreate", "specwriter"):
+    for name in (
+        "core/hostdev",
+        "adapters/allowlist",
+        "adapters/marker",
+        "sources/kubelet/checkpoint",
+        "sources/cachefile",
+        "routes/precreate",
+        "adapters/specwriter",
+    ):
         assert f"hook/{name}.py" in modules
 
 
@@ -46,8 +54,8 @@ def test_a_sampled_mutant_applies_and_compiles() -> None:
 
 def test_type_checking_flags_are_mutated() -> None:
     """g159: a typing-only import at run time is a regression (start-up budget), not equivalent."""
-    source = (REPO / "hook/nvidia/model.py").read_text()
-    news = [m.new for m in mutgen.candidates("hook/nvidia/model.py", source)]
+    source = (REPO / "hook/sources/nvidia/model.py").read_text()
+    news = [m.new for m in mutgen.candidates("hook/sources/nvidia/model.py", source)]
     assert any(n.startswith("TYPE_CHECKING = (True)") for n in news)
 
 

@@ -1,4 +1,5 @@
-"""hook.oci: state and config.json parsers (issue 2): a value, or one InputError naming file and field."""
+"""hook.core.oci: state and config.json parsers (issue 2): a value, or one InputError naming file and
+field."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import json
 
 import pytest
 
-from hook.errors import InputError
-from hook.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, parse_config, parse_state
-from hook.rules import Access, DeviceType, Rule
+from hook.core.errors import InputError
+from hook.core.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, parse_config, parse_state
+from hook.core.rules import Access, DeviceType, Rule
 
 SRC = "/b/config.json"
 
@@ -233,7 +234,7 @@ def test_rule_number_minus_one_is_any_as_runc_reads_it() -> None:
     ``--device-cgroup-rule 'a *:* rwm'`` as major/minor -1: both mean ``*``. Read as the number -1,
     such a rule looked narrower than what runc applies (issue 24: fresh mutant s530669-012,
     ``allowlist.UNNAMED = -2``, survived because -1 rules matched the "unnamed" probes only)."""
-    from hook.requests import is_privileged
+    from hook.core.requests import is_privileged
 
     rules = [
         {"allow": False, "access": "rwm"},

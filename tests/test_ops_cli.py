@@ -36,7 +36,7 @@ from tests.bundles import (
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_ID = "a1b2" * 16  # the container id the engine put in linux.cgroupsPath
-CGROUPS = {  # what tells the engines apart (hook/podid.py): a pod cannot write it
+CGROUPS = {  # what tells the engines apart (hook/sources/kubelet/podid.py): a pod cannot write it
     "containerd": f"/kubepods/podx/{ENGINE_ID}",
     "cri-o": f"/kubepods/podx/crio-{ENGINE_ID}",
 }
@@ -119,7 +119,7 @@ def test_stage_help(stage: str) -> None:
 
 def test_version_matches_the_package_metadata() -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    from hook.version import VERSION
+    from hook.core.version import VERSION
 
     assert version == VERSION
     res = hook_cli("--version")
@@ -128,7 +128,8 @@ def test_version_matches_the_package_metadata() -> None:
 
 def test_live_path_modules_do_not_import_importlib_metadata() -> None:
     code = (
-        "import sys; import hook.entry, hook.logrecord, hook.live; print('importlib.metadata' in sys.modules)"
+        "import sys; import hook.entry, hook.routes.logrecord, hook.routes.live; "
+        "print('importlib.metadata' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
@@ -147,8 +148,8 @@ def test_missing_cdi_spec_dir_is_a_warning_and_empty_list_says_so(tmp_path: Path
 
 @pytest.mark.parametrize("kind", ["nvidia", "nvidia.com/", "/gpu", "a/b/c"])
 def test_cdi_kind_without_a_class_is_an_error(kind: str, tmp_path: Path) -> None:
-    from hook.errors import InputError
-    from hook.settings import parse_settings
+    from hook.core.errors import InputError
+    from hook.sources.settingsfile import parse_settings
 
     with pytest.raises(InputError, match="cdi_kinds") as err:
         parse_settings({"cdi_kinds": ["nvidia.com/gpu", kind]}, "config.yaml")
@@ -180,7 +181,7 @@ def _priv_bundle(tmp: Path, annotations: dict[str, str], cgroups: str = CGROUPS[
 def test_log_line_has_time_version_pod_and_engine(
     annotations: dict[str, str], engine: str, pod: dict[str, str] | None, tmp_path: Path
 ) -> None:
-    from hook.version import VERSION
+    from hook.core.version import VERSION
 
     bundle = _priv_bundle(tmp_path, annotations, CGROUPS.get(engine, ""))
     before = datetime.now().astimezone()
@@ -218,7 +219,7 @@ def test_error_lines_name_the_pod_only_as_the_config_tells_it(readable: bool, tm
 
 
 def test_pod_values_are_capped_and_stay_one_json_line(tmp_path: Path) -> None:
-    from hook.logrecord import stamp
+    from hook.routes.logrecord import stamp
 
     ann = {**CRIO_POD, "io.kubernetes.pod.name": "x\n" * 400}
     rec = stamp({"verdict": "none"}, ann, now=0.0, cgroups_path=CGROUPS["cri-o"])
@@ -321,7 +322,7 @@ def test_hook_log_bad_since_is_a_usage_error(since: str, tmp_path: Path) -> None
 
 
 def test_parse_since_relative_and_absolute() -> None:
-    from hook.logread import parse_since
+    from hook.tools.logread import parse_since
 
     now = datetime.fromisoformat("2026-03-04T12:30:00+00:00").timestamp()
     assert parse_since("today", now) == "2026-03-04T00:00:00.000Z"
@@ -333,7 +334,7 @@ def test_parse_since_relative_and_absolute() -> None:
 
 def test_logrotate_snippet_names_the_default_log() -> None:
     text = (REPO / "packaging/logrotate").read_text()
-    from hook.settings import Settings
+    from hook.sources.settingsfile import Settings
 
     assert f"{Settings().log_file} {{" in text
     if shutil.which("logrotate"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hook import settings
+from hook.sources import settingsfile as settings
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "packaging"
@@ -297,7 +297,7 @@ def test_cdi_hook_spec_example() -> None:
     assert hooks[0]["path"] == HOOK_PATH and hooks[0]["hookName"] in ("prestart", "createRuntime")
     assert hooks[0]["args"][0] == "hook" and hooks[0]["timeout"] > 0
     try:
-        from hook.cdi.spec import parse_spec
+        from hook.sources.cdi.spec import parse_spec
     except ImportError:
         return
     raw = (PKG / "engines/cdi-hook-spec.yaml").read_bytes()
@@ -356,7 +356,7 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
     scripts = docs["ConfigMap/oci-device-hook-scripts"]["data"]
     assert {"install.sh", "uninstall.sh"} <= set(scripts)
     settings = docs["ConfigMap/oci-device-hook-settings"]["data"]["config.yaml"]
-    from hook.settings import parse_settings
+    from hook.sources.settingsfile import parse_settings
 
     parse_settings(yaml.safe_load(settings), "configmap")  # the shipped settings are valid
 

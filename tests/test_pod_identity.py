@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from hook.logrecord import stamp
-from hook.podid import CONTAINERD, CRIO, cgroup_engine, identify
+from hook.routes.logrecord import stamp
+from hook.sources.kubelet.podid import CONTAINERD, CRIO, cgroup_engine, identify
 from tests.bundles import alloc_resp, checkpoint, checkpoint_entry
 from tests.hosttree import make_host_tree
 from tests.k8s_shapes import CONTAINER, CONTAINER_ID, GPUS, POD_UID, annotations, cgroups_path, write_cdi

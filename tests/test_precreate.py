@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from hook.allowlist import access_of, is_allow_list
-from hook.marker import ANNOTATION, KEY_NAME, load_key
-from hook.oci import parse_rule
-from hook.rules import Access, DeviceType
+from hook.adapters.allowlist import access_of, is_allow_list
+from hook.adapters.marker import ANNOTATION, KEY_NAME, load_key
+from hook.core.oci import parse_rule
+from hook.core.rules import Access, DeviceType
 from tests.bundles import EXAMPLES, NODE_CDI, NODE_INVENTORY, _hook_exe, settings_file
 from tests.hosttree import CAPS_MAJOR, make_host_tree
 
@@ -223,7 +223,7 @@ def test_prestart_does_nothing_more_for_a_decided_config_and_decides_a_forged_on
 
 
 def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_path: Path) -> None:
-    """A config that needs no decision is answered by ``hook.entry`` and ``hook.fastpath`` alone
+    """A config that needs no decision is answered by ``hook.entry`` and ``hook.routes.fastpath`` alone
     (os/sys, json's C scanner)."""
     cfg = tmp_path / "config.json"
     cfg.write_bytes(example("cpu"))
@@ -248,7 +248,8 @@ def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_pa
             timeout=60,
         )
     assert res.stdout == example("cpu")
-    assert res.stderr.decode() == repr((0, ["hook", "hook.entry", "hook.fastpath"], False, False))
+    fast_path_modules = ["hook", "hook.entry", "hook.routes", "hook.routes.fastpath"]
+    assert res.stderr.decode() == repr((0, fast_path_modules, False, False))
 
 
 def test_kubelet_checkpoint_found_from_the_pod_annotations_alone(
@@ -454,15 +455,15 @@ def test_the_runtime_log_line_is_appended_to_a_0644_file_and_closed(
     """Issue 24 (fresh mutants s530669-163: mode 0645, -164: the descriptor never closed): the
     runtime's ``--log`` file the hook may create is the runtime's own 0644, and the hook's process
     keeps no descriptor on it."""
-    import hook.precreate
+    import hook.routes.precreate
 
     log = tmp_path / "runc.log"
     old = os.umask(0o022)
     try:
-        monkeypatch.setenv(hook.precreate.RUNTIME_LOG_ENV, str(log))
+        monkeypatch.setenv(hook.routes.precreate.RUNTIME_LOG_ENV, str(log))
         before = set(os.listdir("/proc/self/fd"))
-        hook.precreate._runtime_log("oci-device-hook: deny: x")
-        hook.precreate._runtime_log("oci-device-hook: deny: y")
+        hook.routes.precreate._runtime_log("oci-device-hook: deny: x")
+        hook.routes.precreate._runtime_log("oci-device-hook: deny: y")
         assert set(os.listdir("/proc/self/fd")) == before
     finally:
         os.umask(old)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hook import install
-from hook.doctor import LIBEXEC, installed_prefix
+from hook.tools import install
+from hook.tools.doctor import LIBEXEC, installed_prefix
 
 
 def _layout(base: Path, lib: str) -> str:

@@ -1,4 +1,4 @@
-"""hook.record: the frozen value classes every module uses, checked against what dataclasses promise."""
+"""hook.core.record: the frozen value classes every module uses, checked against what dataclasses promise."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hook.record import FrozenInstanceError, asdict, field, fields, record, replace
+from hook.core.record import FrozenInstanceError, asdict, field, fields, record, replace
 
 
 @record
@@ -106,7 +106,7 @@ def test_match_args_allow_positional_patterns() -> None:
 
 def test_importing_records_does_not_import_dataclasses_or_inspect() -> None:
     code = (
-        "import sys, hook.record, hook.plan, hook.oci; "
+        "import sys, hook.core.record, hook.core.plan, hook.core.oci; "
         "print(sorted({'dataclasses', 'inspect'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)

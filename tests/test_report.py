@@ -1,4 +1,4 @@
-"""hook.report: the contract's decision object and its text rendering."""
+"""hook.core.report: the contract's decision object and its text rendering."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from hook.decide import decide
-from hook.gather import Options, load_inputs, state_from_bundle
-from hook.plan import Node, Plan, Verdict
-from hook.report import build_report, render_json, render_text
-from hook.rules import Access, DeviceType, Rule
-from hook.settings import Settings
+from hook.core.decide import decide
+from hook.core.plan import Node, Plan, Verdict
+from hook.core.report import build_report, render_json, render_text
+from hook.core.rules import Access, DeviceType, Rule
+from hook.routes.gather import Options, load_inputs, state_from_bundle
+from hook.sources.settingsfile import Settings
 from tests.bundles import NODE_CDI, NODE_INVENTORY, config, gen, write_bundle
 
 

@@ -1,4 +1,4 @@
-"""hook.requests: what a container asked for, by which channel (nvidia-toolkit.md §1.3), and whether
+"""hook.core.requests: what a container asked for, by which channel (nvidia-toolkit.md §1.3), and whether
 a plugin made the ask (device-plugins.md §7 B)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from hook.checkpoint import Kubelet, find_allocations, parse_checkpoint
-from hook.errors import InputError
-from hook.oci import parse_config, parse_rule
-from hook.podid import identify
-from hook.requests import collect, is_accelerator, is_privileged
-from hook.settings import EnvRequests, Settings
+from hook.core.errors import InputError
+from hook.core.oci import parse_config, parse_rule
+from hook.core.requests import collect, is_accelerator, is_privileged
+from hook.sources.kubelet.checkpoint import Kubelet, find_allocations, parse_checkpoint
+from hook.sources.kubelet.podid import identify
+from hook.sources.settingsfile import EnvRequests, Settings
 from tests.bundles import (
     ALLOW_ALL,
     CONTAINERD_CGROUPS_PATH,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hook.rules import ALLOW_ALL, DENY_ALL, Access, DeviceType, Rule, evaluate, normalize
+from hook.core.rules import ALLOW_ALL, DENY_ALL, Access, DeviceType, Rule, evaluate, normalize
 
 C, B, A = DeviceType.CHAR, DeviceType.BLOCK, DeviceType.ALL
 R, W, M, RW, RWM = Access.R, Access.W, Access.M, Access.R | Access.W, Access.RWM

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from hook.allowlist import access_of, as_allow_list
-from hook.oci import Mount, parse_rule
-from hook.requests import is_privileged
-from hook.rules import Access, DeviceType, Rule, evaluate
+from hook.adapters.allowlist import access_of, as_allow_list
+from hook.core.oci import Mount, parse_rule
+from hook.core.requests import is_privileged
+from hook.core.rules import Access, DeviceType, Rule, evaluate
 from tests.bundles import DEFAULT_RULES, NODE_CDI, NODE_INVENTORY, checkpoint, settings_file
 from tests.hosttree import make_host_tree
 from tests.k8s_shapes import GPUS, write_cdi
@@ -136,7 +136,7 @@ def test_a_minus_one_wildcard_beyond_the_allocation_is_narrowed(
 
 
 def _shared(mounts: list[Mount], path: str) -> bool:
-    from hook.hostdev import shared_mount
+    from hook.core.hostdev import shared_mount
 
     return shared_mount(mounts, path, ("/dev",)) is not None
 
@@ -162,7 +162,7 @@ def test_the_hosts_dev_is_recognised_however_it_is_spelled(source: str, dest: st
 
 def test_a_relative_bind_source_is_read_from_the_bundle() -> None:
     """runc changes into the bundle before it builds the mounts: ``../../dev`` can be the host's."""
-    from hook.hostdev import shared_mount
+    from hook.core.hostdev import shared_mount
 
     mounts = [_bind("../../../../../../../../dev", "/dev")]
     assert shared_mount(mounts, "/dev/nvidia0", ("/dev",), "/run/bundles/b1") is not None
@@ -171,7 +171,7 @@ def test_a_relative_bind_source_is_read_from_the_bundle() -> None:
 
 def test_a_relative_bind_source_without_a_bundle_is_taken_as_the_hosts_dev() -> None:
     """precreate has no bundle yet: the hook cannot tell where ``dev`` points, so it fails closed."""
-    from hook.hostdev import shared_mount
+    from hook.core.hostdev import shared_mount
 
     assert shared_mount([_bind("dev", "/dev")], "/dev/nvidia0", ("/dev",), "") is not None
 
@@ -182,8 +182,8 @@ def test_an_ordinary_tmpfs_dev_is_not_the_hosts() -> None:
 
 
 def test_an_accelerator_path_is_recognised_with_a_doubled_slash() -> None:
-    from hook.requests import is_accelerator
-    from hook.settings import DEFAULT_ACCELERATOR_NODES
+    from hook.core.requests import is_accelerator
+    from hook.sources.settingsfile import DEFAULT_ACCELERATOR_NODES
 
     assert is_accelerator("//dev/nvidia3", DEFAULT_ACCELERATOR_NODES)
     assert is_accelerator("/dev//nvidia3", DEFAULT_ACCELERATOR_NODES)

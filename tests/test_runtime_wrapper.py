@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hook.errors import InputError
-from hook.marker import ANNOTATION
-from hook.settings import parse_settings
+from hook.adapters.marker import ANNOTATION
+from hook.core.errors import InputError
+from hook.sources.settingsfile import parse_settings
 from tests.bundles import EXAMPLES, NODE_CDI, _hook_exe
 from tests.hosttree import make_host_tree
 

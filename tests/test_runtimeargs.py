@@ -1,6 +1,6 @@
 """Issue 21 item 6: the runtime wrapper reads a command line as runc and crun read it.
 
-The readers are pure (hook/runtimeargs.py). The differential tests run the real runc and crun
+The readers are pure (hook/routes/runtimeargs.py). The differential tests run the real runc and crun
 installed here under ``strace`` on the same command lines, with bundles whose config.json is not
 valid JSON (so nothing is ever created), and compare the config file each one opened with what
 the reader for that runtime says; ``creates`` must name that file or refuse.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hook import runtimeargs
-from hook.runtimeargs import (
+from hook.routes import runtimeargs
+from hook.routes.runtimeargs import (
     ArgsError,
     Creates,
     creates,

@@ -1,4 +1,4 @@
-"""hook.settings: defaults, every key's validation, and errors that name the key."""
+"""hook.sources.settingsfile: defaults, every key's validation, and errors that name the key."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from hook.errors import InputError
-from hook.settings import EnvRequests, MigManagement, Policy, Settings, load_settings, parse_settings
+from hook.core.errors import InputError
+from hook.sources.settingsfile import (
+    EnvRequests,
+    MigManagement,
+    Policy,
+    Settings,
+    load_settings,
+    parse_settings,
+)
 
 
 def test_missing_default_file_means_defaults(tmp_path: Path) -> None:

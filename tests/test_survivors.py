@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from hook import fastpath
-from hook.errors import InputError
-from hook.nvidia.migminors import build_cap_table, parse_mig_minors
-from hook.nvidia.model import CapNode
-from hook.oci import parse_config
-from hook.requests import collect
-from hook.settings import EnvRequests, Settings
+from hook.core.errors import InputError
+from hook.core.oci import parse_config
+from hook.core.requests import collect
+from hook.routes import fastpath
+from hook.sources.nvidia.migminors import build_cap_table, parse_mig_minors
+from hook.sources.nvidia.model import CapNode
+from hook.sources.settingsfile import EnvRequests, Settings
 from tests.bundles import POD_CAPS, config, state, write_bundle
 
 # --- requests: CAP_SYS_ADMIN counts as privileged for the env channel (h03) -------------------------
@@ -118,10 +118,10 @@ def test_fast_path_never_accepts_what_the_parser_rejects(
 def test_additions_are_ordered_by_major_minor_then_type() -> None:
     """A CDI device may name a block and a char node with the same numbers: ``b`` sorts before ``c``,
     so the plan (and the eBPF program built from it) does not depend on the spec's order."""
-    from hook.decide import Grant, Inputs, decide
-    from hook.plan import Node
-    from hook.requests import DeviceRequest, Kind, Requests
-    from hook.rules import Access, DeviceType
+    from hook.core.decide import Grant, Inputs, decide
+    from hook.core.plan import Node
+    from hook.core.requests import DeviceRequest, Kind, Requests
+    from hook.core.rules import Access, DeviceType
 
     cfg = parse_config(json.dumps(config()).encode(), "/b/config.json", "/b")
     req = DeviceRequest(source="annotation:cdi.k8s.io/x", value="v.com/c=d", kind=Kind.CDI, from_plugin=True)

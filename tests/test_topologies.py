@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hook.nvidia.inventory import dumps, load
+from hook.sources.nvidia.inventory import dumps, load
 from tests.bundles import (
     ALL_CAPS,
     POD_ANNOTATIONS,

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from hook import precreate, wrapper
-from hook.marker import ANNOTATION
+from hook.adapters.marker import ANNOTATION
+from hook.routes import precreate, wrapper
 from tests.bundles import EXAMPLES
 from tests.test_runtime_wrapper import IN_NS, kit, put, saw, wrap  # noqa: F401 - kit is a fixture
 
@@ -149,7 +149,7 @@ def _slow_hook(k: dict[str, Any], seconds: float) -> None:
     """``hook`` whose full decision sleeps first: what a decision stuck on a slow file looks like."""
     code = (
         "import sys, time\n"
-        "import hook.precreate as p\n"
+        "import hook.routes.precreate as p\n"
         "real = p.run_precreate\n"
         f"p.run_precreate = lambda *a: (time.sleep({seconds}), real(*a))[1]\n"
         "from hook.entry import run\n"
@@ -249,7 +249,8 @@ def test_a_fifo_at_the_settings_path_never_hangs_the_pass_through(kit: dict[str,
 
 
 def test_the_wrapper_names_precreates_environment() -> None:
-    """hook.wrapper keeps its own copy of the names (importing hook.precreate costs every create)."""
+    """hook.routes.wrapper keeps its own copy of the names (importing hook.routes.precreate costs every
+    create)."""
     assert (wrapper.RUNTIME_SEEN_ENV, wrapper.CONTAINER_ID_ENV) == (
         precreate.RUNTIME_SEEN_ENV,
         precreate.CONTAINER_ID_ENV,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.apply import bpf, bpf_sys
-from hook.rules import Access, DeviceType
+from hook.adapters.apply import bpf, bpf_sys
+from hook.core.rules import Access, DeviceType
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

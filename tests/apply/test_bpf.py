@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hook.apply import bpf
-from hook.rules import ALLOW_ALL, DENY_ALL, Access, DeviceType, Rule, evaluate, normalize
+from hook.adapters.apply import bpf
+from hook.core.rules import ALLOW_ALL, DENY_ALL, Access, DeviceType, Rule, evaluate, normalize
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "bpf"
 C, B, A = DeviceType.CHAR, DeviceType.BLOCK, DeviceType.ALL

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bpf import CASES
 
-from hook.apply import bpf, bpf_sys
-from hook.errors import ApplyError
-from hook.rules import Access, DeviceType, Rule, evaluate
+from hook.adapters.apply import bpf, bpf_sys
+from hook.core.errors import ApplyError
+from hook.core.rules import Access, DeviceType, Rule, evaluate
 
 C, B = DeviceType.CHAR, DeviceType.BLOCK
 MULTI = bpf_sys.BPF_F_ALLOW_MULTI

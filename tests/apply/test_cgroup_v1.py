@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hook.apply.cgroup_v1 import CgroupV1, ListEntry, check_effect, parse_list
-from hook.errors import ApplyError
-from hook.rules import Access, DeviceType, Rule
+from hook.adapters.apply.cgroup_v1 import CgroupV1, ListEntry, check_effect, parse_list
+from hook.core.errors import ApplyError
+from hook.core.rules import Access, DeviceType, Rule
 
 V1_DEVICES = Path("/sys/fs/cgroup/devices")
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from hook.apply.cgroup_v1 import ListEntry, check_effect
-from hook.rules import Access, DeviceType, Rule
+from hook.adapters.apply.cgroup_v1 import ListEntry, check_effect
+from hook.core.rules import Access, DeviceType, Rule
 
 TYPES = (DeviceType.ALL, DeviceType.CHAR, DeviceType.BLOCK)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hook.apply import bpf, bpf_sys
-from hook.apply.cgroup_v2 import CgroupV2
-from hook.errors import ApplyError
-from hook.rules import Access, DeviceType, Rule
+from hook.adapters.apply import bpf, bpf_sys
+from hook.adapters.apply.cgroup_v2 import CgroupV2
+from hook.core.errors import ApplyError
+from hook.core.rules import Access, DeviceType, Rule
 
 C = DeviceType.CHAR
 RW = Access.R | Access.W

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hook.apply import devnodes
-from hook.errors import ApplyError
-from hook.plan import Node
+from hook.adapters.apply import devnodes
+from hook.core.errors import ApplyError
+from hook.core.plan import Node
 
 BUSYBOX = Path("/usr/bin/busybox")
 CAP2 = Node(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hook.apply.locate import (
+from hook.adapters.apply.locate import (
     CgroupTarget,
     cgroup_problem,
     expected_cgroup,
@@ -17,7 +17,7 @@ from hook.apply.locate import (
     parse_proc_cgroup,
     resolve,
 )
-from hook.errors import ApplyError, InputError
+from hook.core.errors import ApplyError, InputError
 
 HYBRID_MOUNTS = """\
 48 47 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hook.apply import devnodes, transaction
-from hook.apply.cgroup_v1 import CgroupV1
-from hook.apply.transaction import AppliedInfo, apply_plan
-from hook.errors import ApplyError
-from hook.plan import Node, Plan, Verdict
-from hook.rules import Access, DeviceType, Rule
+from hook.adapters.apply import devnodes, transaction
+from hook.adapters.apply.cgroup_v1 import CgroupV1
+from hook.adapters.apply.transaction import AppliedInfo, apply_plan
+from hook.core.errors import ApplyError
+from hook.core.plan import Node, Plan, Verdict
+from hook.core.rules import Access, DeviceType, Rule
 
 V1_DEVICES = Path("/sys/fs/cgroup/devices")
 DENY_1 = Rule(allow=False, type=DeviceType.CHAR, major=195, minor=1, access=Access.RWM)
@@ -169,9 +169,9 @@ def test_locate_failure_is_apply_error(tmp_path: Path) -> None:
 
 
 def test_v1_target_does_not_import_cgroup_v2(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "hook.apply.cgroup_v2", raising=False)
+    monkeypatch.delitem(sys.modules, "hook.adapters.apply.cgroup_v2", raising=False)
     transaction.cgroup_adapter(transaction.locate.CgroupTarget(version=1, path=Path("/x")))
-    assert "hook.apply.cgroup_v2" not in sys.modules
+    assert "hook.adapters.apply.cgroup_v2" not in sys.modules
 
 
 # ---- issue 11 item 9: the line says the step once and names the file ---------------------------
@@ -205,7 +205,7 @@ class _FullOs:
 def test_cgroup_write_failure_line_names_the_file_and_rule(
     world: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hook.apply import cgroup_v1
+    from hook.adapters.apply import cgroup_v1
 
     monkeypatch.setattr(cgroup_v1, "os", _FullOs())
     with pytest.raises(ApplyError) as info:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hook.cdi import cache
-from hook.cdi import registry as registry_mod
-from hook.cdi.registry import Registry
+from hook.sources.cdi import cache
+from hook.sources.cdi import registry as registry_mod
+from hook.sources.cdi.registry import Registry
 
 from .helpers import base_spec, device, write_spec
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.cdi.commands import cmd_list, cmd_resolve, cmd_validate
-from hook.errors import InputError, UsageError
+from hook.core.errors import InputError, UsageError
+from hook.tools.cdicmd import cmd_list, cmd_resolve, cmd_validate
 
 from .helpers import FIXTURES, base_spec, device, write_spec
 
@@ -96,20 +96,22 @@ def _imports(module: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["names.py", "edits.py", "schema.py", "version.py"])
+@pytest.mark.parametrize(
+    "name", ["core/cdinames.py", "sources/cdi/edits.py", "sources/cdi/schema.py", "sources/cdi/version.py"]
+)
 def test_core_modules_import_no_io(name: str) -> None:
     forbidden = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "logging", "yaml"}
-    assert not _imports(REPO / "hook" / "cdi" / name) & forbidden
+    assert not _imports(REPO / "hook" / name) & forbidden
 
 
 def test_names_imports_only_re() -> None:
-    assert _imports(REPO / "hook" / "cdi" / "names.py") <= {"re", "collections", "hook", "__future__"}
+    assert _imports(REPO / "hook" / "core" / "cdinames.py") <= {"re", "collections", "hook", "__future__"}
 
 
 def test_json_spec_does_not_import_yaml(tmp_path: Path) -> None:
     write_spec(tmp_path, "a.json", base_spec())
     code = (
-        "import sys; from pathlib import Path; from hook.cdi.registry import Registry; "
+        "import sys; from pathlib import Path; from hook.sources.cdi.registry import Registry; "
         f"r = Registry.load([Path({str(tmp_path)!r})]); r.resolve(['vendor.com/dev=d0']); "
         "print('yaml' in sys.modules)"
     )
@@ -117,7 +119,10 @@ def test_json_spec_does_not_import_yaml(tmp_path: Path) -> None:
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("module", sorted((REPO / "hook" / "cdi").glob("*.py")), ids=lambda p: p.name)
+CDI_MODULES = sorted((REPO / "hook" / "sources" / "cdi").glob("*.py"))
+
+
+@pytest.mark.parametrize("module", CDI_MODULES, ids=lambda p: p.name)
 def test_module_size_and_docstring(module: Path) -> None:
     text = module.read_text()
     assert len(text.splitlines()) <= 400

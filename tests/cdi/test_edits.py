@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
-from hook.cdi.edits import (
+from hook.core.errors import InputError
+from hook.core.plan import Node
+from hook.core.rules import Access, DeviceType, Rule
+from hook.sources.cdi.edits import (
     CdiDeviceNode,
     ContainerEdits,
     IntelRdt,
@@ -18,10 +21,7 @@ from hook.cdi.edits import (
     merge,
     to_nodes_and_rules,
 )
-from hook.cdi.registry import Registry
-from hook.errors import InputError
-from hook.plan import Node
-from hook.rules import Access, DeviceType, Rule
+from hook.sources.cdi.registry import Registry
 
 from .helpers import write_spec
 
@@ -433,7 +433,7 @@ def test_to_nodes_needs_filled_nodes() -> None:
 
 
 def test_to_json_keeps_mounts_in_cdi_shape() -> None:
-    from hook.cdi.edits import ContainerEdits, Mount
+    from hook.sources.cdi.edits import ContainerEdits, Mount
 
     edits = ContainerEdits(
         mounts=(Mount(host_path="/h/lib", container_path="/c/lib", options=("ro",), type="bind"),)
@@ -446,7 +446,7 @@ def test_to_json_keeps_mounts_in_cdi_shape() -> None:
 @pytest.mark.parametrize("missing", ["type", "major", "minor"])
 def test_node_without_numbers_is_an_input_error(missing: str) -> None:
     """Unfilled nodes never reach a plan: any one of type, major or minor missing is refused."""
-    from hook.cdi.edits import CdiDeviceNode, ContainerEdits, to_nodes_and_rules
+    from hook.sources.cdi.edits import CdiDeviceNode, ContainerEdits, to_nodes_and_rules
 
     full = {"type": "c", "major": 195, "minor": 0}
     node = CdiDeviceNode(

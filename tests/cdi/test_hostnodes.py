@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hook.cdi.edits import CdiDeviceNode, ContainerEdits
-from hook.cdi.hostnodes import fill
-from hook.errors import InputError
+from hook.core.errors import InputError
+from hook.sources.cdi.edits import CdiDeviceNode, ContainerEdits
+from hook.sources.cdi.hostnodes import fill
 
 FIELD = "devices[0].containerEdits.deviceNodes[0]"
 

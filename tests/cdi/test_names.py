@@ -1,4 +1,4 @@
-"""Qualified names, annotation requests and env IDs (hook.cdi.names)."""
+"""Qualified names, annotation requests and env IDs (hook.core.cdinames)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hook.cdi.names import (
+from hook.core.cdinames import (
     env_id_to_name,
     is_qualified_name,
     parse_annotations,
     parse_kind,
     parse_qualified_name,
 )
-from hook.errors import InputError
+from hook.core.errors import InputError
 
 VALID = [
     ("vendor.com/class=dev", ("vendor.com", "class", "dev")),

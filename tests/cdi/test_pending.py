@@ -3,7 +3,7 @@ replaced the way the CDI reference library replaces it (runtime-tools ``generate
 overwrites the first entry with the same path, ``RemoveMount`` drops the first with the same
 destination; CDI ``ContainerEdits.Apply`` calls ``RemoveDevice`` before ``AddDevice``).
 
-Pure cases on ``hook.cdi.pending`` / ``specwriter.fold_cdi``, then the whole decision in
+Pure cases on ``hook.sources.cdi.pending`` / ``specwriter.fold_cdi``, then the whole decision in
 simulation (``hook --bundle`` with ``--output-config``) on a CDI annotation.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from hook.cdi.edits import CdiDeviceNode, ContainerEdits, Hook, Mount, apply_to_config
-from hook.cdi.pending import pending
-from hook.specwriter import fold_cdi
+from hook.adapters.specwriter import fold_cdi
+from hook.sources.cdi.edits import CdiDeviceNode, ContainerEdits, Hook, Mount, apply_to_config
+from hook.sources.cdi.pending import pending
 from tests.bundles import DEFAULT_RULES, config, simulate, write_bundle
 
 from .helpers import write_spec

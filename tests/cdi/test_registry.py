@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.cdi.registry import Registry
-from hook.errors import InputError
+from hook.core.errors import InputError
+from hook.sources.cdi.registry import Registry
 
 from .helpers import FIXTURES, base_spec, device, write_spec
 

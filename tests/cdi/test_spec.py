@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hook.cdi.spec import SpecError, parse_spec, spec_problems
-from hook.errors import InputError
+from hook.core.errors import InputError
+from hook.sources.cdi.spec import SpecError, parse_spec, spec_problems
 
 from .helpers import FIXTURES, base_spec, device
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hook.cdi.yamlv2 import DuplicateKey, format_key, go_float32, load, resolve_plain
+from hook.sources.cdi.yamlv2 import DuplicateKey, format_key, go_float32, load, resolve_plain
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""#11 item 5 / #16: the fast path's JSON trick (``hook.fastpath.loads``) against ``json.loads``.
+"""#11 item 5 / #16: the fast path's JSON trick (``hook.routes.fastpath.loads``) against ``json.loads``.
 
 Inputs are the examples' real config.json files (and states made from them), truncated at any
 byte, with bytes flipped, inserted or repeated, wrapped in deep nesting, given huge integers,
@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hook.fastpath import loads as _loads
+from hook.routes.fastpath import loads as _loads
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SEEDS = [p.read_bytes() for p in sorted(EXAMPLES.glob("*/config.json"))] + [
@@ -111,7 +111,7 @@ def check(data: bytes) -> None:
     """Same value, or the same failure. A RecursionError on either side is the one exception:
     where Python's stack runs out depends on how deep the caller already is (``_loads``'s
     fallback calls ``json.loads`` one frame deeper), and any failure of ``_loads`` makes the
-    fast path fall through to the full path, which decodes deep input itself (``hook.oci``)."""
+    fast path fall through to the full path, which decodes deep input itself (``hook.core.oci``)."""
     want, got = outcome(json.loads, data), outcome(_loads, data)
     if "RecursionError" in (want[0], got[0]) and "value" not in (want[0], got[0]):
         return

@@ -52,7 +52,7 @@ cat "$WORK/inventory.json"
 section "hook inventory vs real NVML"
 "$PY" - "$WORK/inventory.json" <<'PYEOF'
 import json, sys
-from hook.nvidia import nvml
+from hook.sources.nvidia import nvml
 inv = json.load(open(sys.argv[1]))
 real = nvml.query(need_migs=True)  # real pynvml, imported lazily
 print("NVML driver", real.driver_version, "warnings", list(real.warnings))

@@ -2,7 +2,7 @@
 
 Rule: the decider runs inside the private mount namespace ``livekit.private_host`` builds, so its
 socket is under that namespace's throwaway ``/run`` (never the host's), and it is stopped (and
-its status read through ``hook.client``) before the namespace goes. ``serve_wrap`` may put a
+its status read through ``hook.routes.client``) before the namespace goes. ``serve_wrap`` may put a
 command (``strace``) before it.
 """
 
@@ -19,7 +19,7 @@ from tests.live.livekit import RUNC, Bundle, RunResult, _quote, private_host, ru
 SOCKET = "/run/oci-device-hook/decider.sock"
 WAIT = f"i=0; while [ ! -S {SOCKET} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
 STATUS = (
-    "import json, sys; from hook import client; s = client.status(); "
+    "import json, sys; from hook.routes import client; s = client.status(); "
     "print(json.dumps(s if isinstance(s, dict) else {'error': s}))"
 )
 

@@ -3,7 +3,7 @@ writes for a pid that is not a container's.
 
 Item 1 stands the host's /dev in with a tmpfs of fake nodes mounted over ``<driver-root>/dev``
 inside a private mount namespace (never the machine's /dev): the container binds it at /dev, once
-by that path (config.json says so: ``hook.hostdev``) and once through a second bind of the same
+by that path (config.json says so: ``hook.core.hostdev``) and once through a second bind of the same
 tmpfs that no config text reveals (``devnodes`` sees the same ``st_dev``). Item 2 hands the
 hook a state whose pid is a host process, or a process in a root cgroup, and checks that no cgroup
 file and no node under ``<bundle>/rootfs/dev`` changed.

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from hook.apply import bpf_sys
+from hook.adapters.apply import bpf_sys
 from tests.hosttree import CAPS_MAJOR, cap_minor, make_host_tree
 from tests.live.isolation import run_isolated
 from tests.live.livekit import Bundle, RunResult, build_bundle, char_device, hook, parse_probe, probe_args

@@ -84,7 +84,8 @@ class Node:
             env=["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"],
             annotations=annotations(engine, cid=(cid := uuid.uuid4().hex * 2)),
         )
-        # the engine's own cgroupsPath (what hook.podid tells the engine by), in the scratch tree
+        # the engine's own cgroupsPath (what hook.sources.kubelet.podid tells the engine by), in the
+        # scratch tree
         b.config["linux"]["cgroupsPath"] = cgroups_path(engine, cid, parent="/odh-live")
         inject(b.config["linux"], injected)
         all_caps = [*CAPS, "CAP_SYS_ADMIN"]

@@ -14,9 +14,9 @@ ALLOW_ALL = [{"allow": True, "access": "rwm"}]
 
 APPLY = """
 import os
-from hook.apply.transaction import apply_plan
-from hook.plan import Node, Plan, Verdict
-from hook.rules import Access, DeviceType, Rule
+from hook.adapters.apply.transaction import apply_plan
+from hook.core.plan import Node, Plan, Verdict
+from hook.core.rules import Access, DeviceType, Rule
 deny1 = Rule(allow=False, type=DeviceType.CHAR, major=195, minor=1, access=Access.RWM)
 rules = (deny1,) * {n_rules}
 cap2 = Node(path="/dev/nvidia-caps/nvidia-cap2", type="c", major=237, minor=2, file_mode=0o444)

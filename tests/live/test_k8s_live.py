@@ -81,7 +81,8 @@ def pod(
     """An unprivileged pod container running the CUDA-style image (env ``all``) with the real hook."""
     args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(node["root"])]
     args += ["--config", str(settings(node, ckpt)), "--cdi-spec-dir", str(node["cdi"])]
-    cid = uuid.uuid4().hex * 2  # the engine's 64-hex container id, in cgroupsPath (hook/podid.py)
+    # the engine's 64-hex container id, in cgroupsPath (hook/sources/kubelet/podid.py)
+    cid = uuid.uuid4().hex * 2
     ann = annotations(engine, namespace, cid=cid) if k8s else {}
     b = build_bundle(
         bundle_dir,

@@ -24,7 +24,7 @@ CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID"
 
 @pytest.fixture
 def node(tmp_path: Path) -> dict[str, object]:
-    from hook.nvidia.inventory import dumps, load
+    from hook.sources.nvidia.inventory import dumps, load
 
     root = tmp_path / "driver-root"
     spec = make_host_tree(root, "8x-shuffled", mknod=True)

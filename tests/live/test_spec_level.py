@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from hook.marker import ANNOTATION
+from hook.adapters.marker import ANNOTATION
 from tests.hosttree import CAPS_MAJOR, cap_minor, make_host_tree
 from tests.live.livekit import (
     BASIC_DEV,
@@ -105,7 +105,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # the wrapper's `hook runtime-wrapper` reads the bundle's config itself (no stdin) and execs the
     # runtime: its reads and its replacement are recorded from inside, in the same process
     record = (
-        "import sys; import hook.wrapper as w\n"
+        "import sys; import hook.routes.wrapper as w\n"
         "read, replace = w._read_config, w._replace\n"
         "def rd(path):\n"
         "    data = read(path)\n"

@@ -1,4 +1,4 @@
-"""``hook inventory`` (hook.nvidia.commands)."""
+"""``hook inventory`` (hook.tools.inventorycmd)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hook.errors import UsageError
-from hook.nvidia.commands import cmd_inventory
+from hook.core.errors import UsageError
+from hook.tools.inventorycmd import cmd_inventory
 
 
 def test_json_is_the_snapshot(fake_host, nvml_for) -> None:
@@ -46,8 +46,8 @@ def test_bad_format() -> None:
 
 
 def test_text_of_a_host_without_gpus_says_so() -> None:
-    from hook.nvidia.commands import render_text
-    from hook.nvidia.model import Inventory
+    from hook.sources.nvidia.model import Inventory
+    from hook.tools.inventorycmd import render_text
 
     assert render_text(Inventory(driver_version="550.54.15")).splitlines()[-1] == "no NVIDIA GPUs"
     one = render_text(Inventory(driver_version="550.54.15", warnings=("w1",)))

@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from hook.nvidia.dri import dri_nodes
+from hook.sources.nvidia.dri import dri_nodes
 
 BUS = "0000:2a:00.0"
 

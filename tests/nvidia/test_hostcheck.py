@@ -1,4 +1,4 @@
-"""Host node verification (hook.nvidia.hostcheck)."""
+"""Host node verification (hook.sources.nvidia.hostcheck)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.errors import InputError
-from hook.nvidia.hostcheck import verify_host_node
+from hook.core.errors import InputError
+from hook.sources.nvidia.hostcheck import verify_host_node
 
 
 def _node(path: Path, major: int, minor: int) -> Path:

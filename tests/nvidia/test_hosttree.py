@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from hook.nvidia import inventory
-from hook.nvidia.hostcheck import verify_host_node
+from hook.sources.nvidia import inventory
+from hook.sources.nvidia.hostcheck import verify_host_node
 
 
 @pytest.mark.parametrize("topology", ["8x-mig", "8x-shuffled"])

@@ -1,13 +1,13 @@
-"""Device ID resolution (hook.nvidia.ids)."""
+"""Device ID resolution (hook.sources.nvidia.ids)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hook.errors import InputError
-from hook.nvidia import inventory
-from hook.nvidia.ids import normalize_bus_id, resolve
-from hook.nvidia.model import Gpu, Inventory, MigDevice
+from hook.core.errors import InputError
+from hook.sources.nvidia import inventory
+from hook.sources.nvidia.ids import normalize_bus_id, resolve
+from hook.sources.nvidia.model import Gpu, Inventory, MigDevice
 
 MIG_A = "MIG-07ad8e7c-0197-5973-bd05-7fcd18ae754e"
 MIG_B = "MIG-90825510-8f47-5052-8e15-ead851500769"

@@ -1,4 +1,5 @@
-"""The string-method parsers in hook.nvidia.ids and hook.nvidia.migminors equal the patterns they
+"""The string-method parsers in hook.sources.nvidia.ids and hook.sources.nvidia.migminors equal the
+patterns they
 replaced (compiling those cost every start), on generated and hand-picked inputs."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hook.nvidia.ids import normalize_bus_id, parse_bus_id, parse_mig_index, parse_old_mig
-from hook.nvidia.migminors import cap_key
+from hook.sources.nvidia.ids import normalize_bus_id, parse_bus_id, parse_mig_index, parse_old_mig
+from hook.sources.nvidia.migminors import cap_key
 
 BUS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])")
 MIG_INDEX = re.compile(r"(\d+):(\d+)")

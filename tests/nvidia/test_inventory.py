@@ -1,4 +1,4 @@
-"""Inventory load order, cache and snapshot (hook.nvidia.inventory, hook.nvidia.snapshot)."""
+"""Inventory load order, cache and snapshot (hook.sources.nvidia.inventory, hook.sources.nvidia.snapshot)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hook.errors import InputError
-from hook.nvidia import inventory
-from hook.nvidia.model import Inventory
+from hook.core.errors import InputError
+from hook.sources.nvidia import inventory
+from hook.sources.nvidia.model import Inventory
 from tests.nvidia.fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION
 
 CACHE = Path("/run/oci-device-hook")

@@ -1,11 +1,11 @@
-"""mig-minors parsing and existence filtering (hook.nvidia.migminors)."""
+"""mig-minors parsing and existence filtering (hook.sources.nvidia.migminors)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hook.errors import InputError
-from hook.nvidia.migminors import (
+from hook.core.errors import InputError
+from hook.sources.nvidia.migminors import (
     build_cap_table,
     ci_cap_name,
     dev_cap_path,
@@ -13,7 +13,7 @@ from hook.nvidia.migminors import (
     parse_mig_minors,
     proc_cap_path,
 )
-from hook.nvidia.model import CapNode
+from hook.sources.nvidia.model import CapNode
 from tests.hosttree import cap_minor, mig_minors_text
 
 
@@ -106,7 +106,7 @@ def test_duplicate_in_a_file_with_junk() -> None:
 
 
 def test_cap_key() -> None:
-    from hook.nvidia.migminors import cap_key
+    from hook.sources.nvidia.migminors import cap_key
 
     assert cap_key("gpu7/gi3/access") == (7, 3)
     assert cap_key("gpu7/gi3/ci1/access") == (7, 3, 1)

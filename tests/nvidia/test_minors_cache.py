@@ -1,4 +1,4 @@
-"""The parsed mig-minors table is cached per boot and driver build (``hook.nvidia.inventory``).
+"""The parsed mig-minors table is cached per boot and driver build (``hook.sources.nvidia.inventory``).
 
 A hit must give exactly the table /proc gives; a new boot id or driver build, a corrupt or
 foreign cache file, or a table with warnings must all fall back to reading /proc.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.nvidia import inventory, procfs
-from hook.nvidia.migminors import MIG_MINORS_PATH
+from hook.sources.nvidia import inventory, procfs
+from hook.sources.nvidia.migminors import MIG_MINORS_PATH
 
 CACHE = Path("/run/oci-device-hook")
 FILE = CACHE / inventory.MINORS_CACHE_NAME

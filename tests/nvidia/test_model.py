@@ -1,10 +1,10 @@
-"""hook.nvidia.model: the inventory's values are frozen and looked up by minor, not by index."""
+"""hook.sources.nvidia.model: the inventory's values are frozen and looked up by minor, not by index."""
 
 from __future__ import annotations
 
 import pytest
 
-from hook.nvidia.model import CapNode, CapTable, Gpu, Inventory
+from hook.sources.nvidia.model import CapNode, CapTable, Gpu, Inventory
 
 
 def test_cap_table_maps_are_frozen_sorted_copies() -> None:

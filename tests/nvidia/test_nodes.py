@@ -1,13 +1,14 @@
-"""Device → node mapping (hook.nvidia.nodes)."""
+"""Device → node mapping (hook.sources.nvidia.nodes)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hook.errors import InputError
-from hook.nvidia import inventory
-from hook.nvidia.model import CapTable, Inventory, Majors
-from hook.nvidia.nodes import (
+from hook.core.errors import InputError
+from hook.core.plan import Node
+from hook.sources.nvidia import inventory
+from hook.sources.nvidia.model import CapTable, Inventory, Majors
+from hook.sources.nvidia.nodes import (
     DEFAULT_CAPABILITIES,
     SUPPORTED_CAPABILITIES,
     control_nodes,
@@ -15,7 +16,6 @@ from hook.nvidia.nodes import (
     mig_mgmt_nodes,
     parse_driver_capabilities,
 )
-from hook.plan import Node
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""NVML queries through the fake pynvml (hook.nvidia.nvml)."""
+"""NVML queries through the fake pynvml (hook.sources.nvidia.nvml)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from hook.errors import InputError
-from hook.nvidia import nvml
+from hook.core.errors import InputError
+from hook.sources.nvidia import nvml
 from tests.nvidia import fake_pynvml
 from tests.nvidia.fake_pynvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,

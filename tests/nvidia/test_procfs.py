@@ -1,4 +1,4 @@
-"""procfs parsers and readers (hook.nvidia.procfs)."""
+"""procfs parsers and readers (hook.sources.nvidia.procfs)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hook.errors import InputError
-from hook.nvidia import procfs
-from hook.nvidia.model import CapNode, Majors
+from hook.core.errors import InputError
+from hook.sources.nvidia import procfs
+from hook.sources.nvidia.model import CapNode, Majors
 
 DEVICES = """Character devices:
   1 mem

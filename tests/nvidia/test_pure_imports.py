@@ -9,7 +9,7 @@ import pytest
 
 PURE = ("model", "migminors", "ids", "nodes", "snapshot")
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging", "shutil", "io"}
-PKG = Path(__file__).resolve().parents[2] / "hook" / "nvidia"
+PKG = Path(__file__).resolve().parents[2] / "hook" / "sources" / "nvidia"
 
 
 def _imports(path: Path) -> set[str]:
@@ -26,7 +26,7 @@ def _imports(path: Path) -> set[str]:
 def test_pure_module_imports(module: str) -> None:
     imported = _imports(PKG / f"{module}.py")
     assert not {name.split(".")[0] for name in imported} & FORBIDDEN
-    impure = {"hook.nvidia." + m for m in ("procfs", "nvml", "inventory", "hostcheck", "commands")}
+    impure = {"hook.sources.nvidia." + m for m in ("procfs", "nvml", "inventory", "hostcheck")}
     assert not imported & impure
 
 

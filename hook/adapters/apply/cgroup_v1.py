@@ -1,0 +1,240 @@
+"""cgroup v1 device controller writer: save ``devices.list``, write, re-read, verify, restore.
+
+Rule: one rule per ``write(2)`` (the kernel parses exactly one rule per write), the exception
+list is saved before the first write, and after the last write ``devices.list`` is re-read and
+every rule's effect is checked there; a rule the kernel silently ignored (a deny inside an
+allowed wildcard, the hole v1 cannot punch) is an ``ApplyError``, so the caller rolls back.
+
+Kernel facts this relies on (security/device_cgroup.c): with default-allow behaviour
+``devices.list`` shows only ``a *:* rwm`` and hides the deny exceptions, so deny rules there
+cannot be read back; ``allow``/``deny`` of a non-wildcard line edits only the exception with
+exactly the same type/major/minor; ``a`` written to ``devices.allow`` (``devices.deny``) clears
+every exception and switches to default allow (deny).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from hook.core.errors import ApplyError
+from hook.core.record import record
+from hook.core.rules import Access, DeviceType, Rule
+
+__all__ = ["AppliedV1", "CgroupV1", "ListEntry", "check_effect", "parse_list"]
+
+ALLOW_ALL_LINE = "a *:* rwm"
+
+
+@record(kw_only=False)
+class ListEntry:
+    """One ``devices.list`` line; ``None`` is ``*``."""
+
+    type: DeviceType
+    major: int | None
+    minor: int | None
+    access: Access
+
+    def covers(self, rule: Rule) -> bool:
+        """Every device the rule names is matched by this entry (type, major, minor)."""
+        return (
+            self.type in (DeviceType.ALL, rule.type)
+            and self.major in (None, rule.major)
+            and self.minor in (None, rule.minor)
+        )
+
+    def overlaps(self, rule: Rule) -> bool:
+        """Some device the rule names is matched by this entry."""
+        return (DeviceType.ALL in (self.type, rule.type) or self.type == rule.type) and all(
+            a is None or b is None or a == b for a, b in ((self.major, rule.major), (self.minor, rule.minor))
+        )
+
+
+def _num(text: str) -> int | None:
+    return None if text == "*" else int(text)
+
+
+def parse_list(text: str, source: str) -> tuple[ListEntry, ...]:
+    """Parse ``devices.list`` text (``c 195:* rwm`` per line)."""
+    entries = []
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            kind, numbers, acc = line.split()
+            major, minor = numbers.split(":")
+            entries.append(ListEntry(DeviceType(kind), _num(major), _num(minor), Access.parse(acc)))
+        except ValueError as exc:
+            raise ApplyError(source, f"line {no}", f"cannot parse {line!r}: {exc}") from exc
+    return tuple(entries)
+
+
+_ALL = DeviceType.ALL
+_Key = tuple[DeviceType, int | None, int | None]
+
+
+def _wider(type: DeviceType, major: int | None, minor: int | None) -> set[_Key]:
+    """Every (type, major, minor) key that names all the devices this one names (itself included)."""
+    return {(t, a, b) for t in (_ALL, type) for a in (None, major) for b in (None, minor)}
+
+
+class _OverlapIndex:
+    """OR of the entries' access bits by each projection a rule query takes, built per projection
+    on first use (rules that name type, major and minor, the usual ones, need only one).
+
+    A key is (type, major, minor) with the fields the querying rule leaves as a wildcard set to
+    ``...``: any entry value overlaps them.
+    """
+
+    def __init__(self, entries: Sequence[ListEntry]) -> None:
+        self.entries = entries
+        self.by_mask: dict[int, dict[tuple[object, ...], int]] = {}
+
+    def table(self, mask: int) -> dict[tuple[object, ...], int]:
+        table = self.by_mask.get(mask)
+        if table is None:
+            table = {}
+            for e in self.entries:
+                t, a, b = e.type, e.major, e.minor
+                key = (t if mask & 1 else ..., a if mask & 2 else ..., b if mask & 4 else ...)
+                table[key] = table.get(key, 0) | e.access.value
+            self.by_mask[mask] = table
+        return table
+
+    def bits(self, rule: Rule) -> int:
+        """OR of the access bits of every entry that overlaps some device the rule names."""
+        named = (rule.type != _ALL, rule.major is not None, rule.minor is not None)
+        table = self.table(named[0] | named[1] << 1 | named[2] << 2)
+        types = (rule.type, _ALL) if named[0] else (...,)
+        majors = (rule.major, None) if named[1] else (...,)
+        minors = (rule.minor, None) if named[2] else (...,)
+        bits = 0
+        for t in types:
+            for a in majors:
+                for b in minors:
+                    bits |= table.get((t, a, b), 0)
+        return bits
+
+
+def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[str]:
+    """Rules whose effect is not visible in ``entries`` (a default-deny list), as v1 lines.
+
+    An allow needs one entry covering all its devices and bits; a deny needs no entry that
+    overlaps its devices to grant any denied bit. With a default-allow list denies are hidden
+    and only a wildcard deny (which flips the behaviour) can be checked. Only the bits of a
+    rule that no later rule covering it re-decides are checked (later rules win).
+
+    Linear in rules and entries: the later rules' bits are gathered newest first by exact key,
+    and a rule looks up only the at most eight keys that can cover or overlap it.
+    """
+    allow_all = any(
+        e.type == _ALL and e.major is None and e.minor is None and e.access == Access.RWM for e in entries
+    )
+    exact: dict[_Key, list[int]] = {}
+    for e in entries:
+        exact.setdefault((e.type, e.major, e.minor), []).append(e.access.value)
+    overlap = _OverlapIndex(entries)
+    later: dict[_Key, int] = {}  # bits named by rules after the current one, by exact key
+    failed = []
+    for rule in reversed(rules):
+        key = (rule.type, rule.major, rule.minor)
+        wider = _wider(*key)
+        redecided = 0
+        for k in wider:
+            redecided |= later.get(k, 0)
+        acc = rule.access.value & ~redecided
+        later[key] = later.get(key, 0) | rule.access.value
+        if not acc:
+            continue
+        if allow_all:
+            ok = rule.allow or rule.v1_line() != "a"
+        elif rule.allow:
+            ok = any((bits & acc) == acc for k in wider for bits in exact.get(k, ()))
+        else:
+            ok = not (overlap.bits(rule) & acc)
+        if not ok:
+            failed.append(("allow " if rule.allow else "deny ") + rule.v1_line())
+    failed.reverse()
+    return failed
+
+
+@record
+class AppliedV1:
+    """What ``CgroupV1.apply`` did: the list before and after, and the lines written."""
+
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    written: tuple[str, ...]
+
+
+class CgroupV1:
+    """One container's v1 device cgroup directory (``/sys/fs/cgroup/devices/<path>``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._saved: tuple[str, ...] | None = None
+        self._rules: tuple[Rule, ...] = ()
+
+    def read_list(self) -> tuple[str, ...]:
+        try:
+            text = (self.path / "devices.list").read_text()
+        except OSError as exc:
+            raise ApplyError(str(self.path / "devices.list"), "", exc.strerror or str(exc)) from exc
+        return tuple(line for line in text.splitlines() if line.strip())
+
+    def _write(self, name: str, line: str) -> None:
+        """Exactly one rule per write; O_APPEND so a plain-file fake records the sequence."""
+        target = self.path / name
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                os.write(fd, line.encode() + b"\n")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise ApplyError(str(target), f"write {line}", exc.strerror or str(exc)) from exc
+
+    def apply(self, rules: Iterable[Rule]) -> AppliedV1:
+        """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect."""
+        rules = tuple(rules)
+        before = self.read_list()
+        self._saved, self._rules = before, rules
+        written = []
+        for rule in rules:
+            line = rule.v1_line()
+            self._write("devices.allow" if rule.allow else "devices.deny", line)
+            written.append(("allow " if rule.allow else "deny ") + line)
+        after = self.read_list()
+        failed = check_effect(parse_list("\n".join(after), str(self.path / "devices.list")), rules)
+        if failed:
+            raise ApplyError(
+                str(self.path / "devices.list"),
+                "",
+                "rules without effect after writing: " + ", ".join(failed),
+            )
+        return AppliedV1(before=before, after=after, written=tuple(written))
+
+    def rollback(self) -> None:
+        """Put the exception list back as it was before ``apply``.
+
+        Default deny: the list was fully visible, so deny everything and re-allow each saved
+        line. Default allow (saved ``a *:* rwm``): the list hid any earlier denies, so undo only
+        our own writes — ``a`` to ``devices.allow`` if we switched the behaviour, else each deny
+        we added is allowed again, last first. No-op before ``apply``.
+        """
+        if self._saved is None:
+            return
+        saved, rules = self._saved, self._rules
+        if saved == (ALLOW_ALL_LINE,):
+            if any(r.v1_line() == "a" for r in rules):
+                self._write("devices.allow", "a")
+            else:
+                for rule in reversed(rules):
+                    if not rule.allow:
+                        self._write("devices.allow", rule.v1_line())
+        else:
+            self._write("devices.deny", "a")
+            for line in saved:
+                self._write("devices.allow", line)
+        self._saved = None

@@ -1,5 +1,0 @@
-"""CDI (Container Device Interface): spec parsing, the registry, and container edits.
-
-Rule: specs are validated once, at load; requests resolve all-or-nothing; applying edits is
-pure. Import the submodules directly (``hook.cdi.names`` is a pure leaf with no I/O).
-"""

@@ -1,0 +1,316 @@
+"""The decision: one pure function from resolved inputs to one Plan.
+
+Rule: nothing here reads a file or a clock. ``gather`` resolves every request to the nodes it
+needs (``Grant``) and lists the host's accelerator nodes; ``decide`` only compares sets:
+what the container asked for, what it may have, and what the engine already gave it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from hook.core.hostdev import HOST_DEV, shared_mount
+from hook.core.oci import OciConfig
+from hook.core.plan import Node, Plan, Verdict
+from hook.core.record import field, record
+from hook.core.requests import DeviceRequest, Kind, Requests, has_sys_admin, is_accelerator, is_privileged
+from hook.core.rules import Access, DeviceType, Rule, evaluate
+from hook.sources.settingsfile import MigManagement, Policy, Settings
+
+__all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
+
+MGMT_ENV = {Kind.MIG_CONFIG: "NVIDIA_MIG_CONFIG_DEVICES", Kind.MIG_MONITOR: "NVIDIA_MIG_MONITOR_DEVICES"}
+
+
+@record
+class Grant:
+    """A node a request needs, with the access it needs on it."""
+
+    node: Node
+    access: Access
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.node.type, self.node.major, self.node.minor)
+
+
+@record
+class Inputs:
+    container_id: str
+    config: OciConfig
+    settings: Settings
+    requests: Requests
+    grants: Mapping[DeviceRequest, tuple[Grant, ...]]
+    host_accelerators: tuple[Node, ...] = ()
+    specific_mig: bool = False
+    warnings: tuple[str, ...] = field(default=())
+    host_dev: tuple[str, ...] = (HOST_DEV,)  # the host's /dev directories (hostdev.host_dev_roots)
+    no_driver_for: tuple[str, ...] = ()  # "source=value" of requests no driver on this node could serve
+
+
+@record
+class Facts:
+    privileged: bool
+    sys_admin: bool
+    widened: bool
+    extra_accelerators: tuple[Node, ...]  # accelerator nodes in linux.devices that no request accounts for
+
+
+def _key(node: Node) -> tuple[str, int, int]:
+    return (node.type, node.major, node.minor)
+
+
+def _config_nodes(config: OciConfig) -> tuple[Node, ...]:
+    return tuple(
+        Node(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.file_mode or 0o666)
+        for d in config.devices
+        if d.type in ("c", "b")
+    )
+
+
+def _rules_open(rules: Sequence[Rule], node: Node) -> bool:
+    """The container's own rules let it read or write ``node`` (``m`` alone opens nothing)."""
+    kind = DeviceType(node.type)
+    return any(evaluate(rules, kind, node.major, node.minor, a) for a in (Access.R, Access.W))
+
+
+def container_facts(inputs: Inputs) -> Facts:
+    config = inputs.config
+    privileged = is_privileged(config.resource_rules)
+    requested = {g.key for gs in inputs.grants.values() for g in gs}
+    patterns = inputs.settings.accelerator_nodes
+    found: dict[tuple[str, int, int], Node] = {}
+    for n in _config_nodes(config):
+        if is_accelerator(n.path, patterns) and _key(n) not in requested:
+            found.setdefault(_key(n), n)
+    if inputs.requests.bounded and not privileged:  # also what linux.resources.devices allows
+        for n in inputs.host_accelerators:
+            if _key(n) not in requested and _rules_open(config.resource_rules, n):
+                found.setdefault(_key(n), n)
+    extra = tuple(found.values())
+    return Facts(
+        privileged=privileged,
+        sys_admin=has_sys_admin(config),
+        widened=privileged or bool(extra),
+        extra_accelerators=extra,
+    )
+
+
+def _mgmt_refusal(inputs: Inputs, facts: Facts) -> str:
+    """Why MIG management caps cannot be granted, or "" when they can (seed 001's rules)."""
+    asked = [MGMT_ENV[r.kind] for r in inputs.requests.items if r.kind in MGMT_ENV]
+    if not asked:
+        return ""
+    names = " and ".join(dict.fromkeys(asked))
+    mode = inputs.settings.mig_management
+    if mode is MigManagement.NEVER:
+        return (
+            f"{names}=all refused: this node's settings disable MIG management caps (mig_management: never)"
+        )
+    if mode is MigManagement.PRIVILEGED and not facts.privileged:
+        return f"{names}=all refused: this node grants MIG management caps to privileged containers only"
+    if mode is MigManagement.REQUIRE_SYS_ADMIN and not facts.sys_admin:
+        return (
+            f"{names}=all needs CAP_SYS_ADMIN in the container's bounding set: add SYS_ADMIN to "
+            f"securityContext.capabilities.add, or unset {names}"
+        )
+    if inputs.specific_mig:
+        return (
+            f"{names}=all refused: specific MIG devices are selected, and management caps would "
+            "expose their sibling instances; select NVIDIA_VISIBLE_DEVICES=all or drop the MIG env"
+        )
+    return ""
+
+
+def _grants(inputs: Inputs, pred: Iterable[DeviceRequest]) -> dict[tuple[str, int, int], Grant]:
+    out: dict[tuple[str, int, int], Grant] = {}
+    for req in pred:
+        for g in inputs.grants.get(req, ()):
+            prev = out.get(g.key)
+            out[g.key] = g if prev is None else Grant(node=prev.node, access=prev.access | g.access)
+    return out
+
+
+def _rule(node: Node, allow: bool, access: Access = Access.RWM) -> Rule:
+    return Rule(allow=allow, type=DeviceType(node.type), major=node.major, minor=node.minor, access=access)
+
+
+def _additions(
+    config: OciConfig, wanted: Mapping[tuple[str, int, int], Grant]
+) -> tuple[list[Rule], list[Node], list[str]]:
+    """Allow rules and nodes a container lacks for what it may have; nothing it already has.
+
+    A node is already there only when the first ``linux.devices`` entry at its path (the one runc
+    creates) is that very device; another device at the path is replaced (its path is the third
+    value: removed, then the node created), as the CDI reference library replaces it."""
+    present: dict[str, tuple[str, int, int]] = {}
+    for d in config.devices:
+        present.setdefault(d.path, (d.type, d.major, d.minor))
+    rules, create, replace = [], [], []
+    for key in sorted(wanted, key=lambda k: (k[1], k[2], k[0])):
+        g = wanted[key]
+        if not evaluate(config.resource_rules, DeviceType(g.node.type), g.node.major, g.node.minor, g.access):
+            rules.append(_rule(g.node, True, g.access))
+        there = present.get(g.node.path)
+        if there != _key(g.node):
+            create.append(g.node)
+            if there is not None:
+                replace.append(g.node.path)
+    return rules, create, replace
+
+
+def _narrowing(
+    inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant], privileged: bool
+) -> tuple[list[Rule], list[str], list[str]]:
+    """Deny every accelerator node outside the allocation; one exact rule each (v1 cannot re-allow
+    inside a denied wildcard), and remove the ones the engine put in the container. The third
+    value names the denied nodes, so the log says what was denied, not just how many.
+
+    An unprivileged container is denied ``rw`` only: runc's default ``c *:* m`` keeps ``m`` on
+    every char device in a v1 cgroup, so a ``rwm`` deny could never take full effect there."""
+    access = Access.RWM if privileged else Access.R | Access.W
+    patterns = inputs.settings.accelerator_nodes
+    candidates = [*inputs.host_accelerators, *_config_nodes(inputs.config)]
+    deny: dict[tuple[str, int, int], Node] = {}
+    for n in candidates:
+        if is_accelerator(n.path, patterns) and _key(n) not in allowed:
+            deny.setdefault(_key(n), n)
+    rules = [_rule(deny[k], False, access) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
+    remove = sorted(
+        {
+            d.path
+            for d in inputs.config.devices
+            if is_accelerator(d.path, patterns) and (d.type, d.major, d.minor) in deny
+        }
+    )
+    return rules, remove, sorted({deny[k].path for k in deny})
+
+
+def _off_host_dev(
+    inputs: Inputs, create: list[Node], remove: list[str], warnings: list[str]
+) -> tuple[list[Node], list[str]]:
+    """Drop node changes that would land on the host's own /dev (a bind mount of it): there the
+    cgroup rules alone narrow, and ``warnings`` says which mount made it so."""
+    config = inputs.config
+    dropped: dict[int, int] = {}
+    labels: dict[int, str] = {}
+
+    def on_host(path: str) -> bool:
+        found = shared_mount(config.mounts, path, inputs.host_dev, config.bundle)
+        if found is None:
+            return False
+        i, m = found
+        dropped[i] = dropped.get(i, 0) + 1
+        labels[i] = f"mounts[{i}] {m.type or 'bind'} {m.source or m.type} at {m.destination}"
+        return True
+
+    kept_create = [n for n in create if not on_host(n.path)]
+    kept_remove = [p for p in remove if not on_host(p)]
+    for i in sorted(dropped):
+        warnings.append(
+            f"{config.source}: {labels[i]} is the host's /dev: narrowing there is cgroup-only, "
+            f"{dropped[i]} node(s) left as they are"
+        )
+    return kept_create, kept_remove
+
+
+def _allocation_names(requests: Requests) -> str:
+    vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin]
+    if not vals:
+        return "(none: the kubelet allocated this container no GPU)"
+    return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
+
+
+def _plan(verdict: Verdict, reason: str, warnings: Sequence[str], **kw: object) -> Plan:
+    return Plan(verdict=verdict, reason=reason, warnings=tuple(dict.fromkeys(warnings)), **kw)  # type: ignore[arg-type]
+
+
+def decide(inputs: Inputs) -> Plan:
+    """The whole policy: management caps, then privileged widening, then plain grants."""
+    facts = container_facts(inputs)
+    warnings = [*inputs.config.warnings, *inputs.requests.warnings, *inputs.warnings]
+    refusal = _mgmt_refusal(inputs, facts)
+    if refusal:
+        return _plan(Verdict.DENY, refusal, warnings)
+    reqs = inputs.requests
+    plugin_widened = (reqs.from_plugin or reqs.bounded) and facts.widened
+    if facts.privileged and not reqs.from_plugin:
+        return _plan(
+            Verdict.NONE,
+            "privileged container without a plugin allocation: all devices on purpose, left alone",
+            warnings,
+        )
+    if plugin_widened and inputs.settings.privileged_allocation is Policy.REJECT:
+        return _plan(
+            Verdict.DENY,
+            f"container is widened beyond its plugin allocation {_allocation_names(reqs)} (policy: reject)",
+            warnings,
+        )
+    keep = [r for r in reqs.items if r.from_plugin or r.kind in MGMT_ENV or not plugin_widened]
+    wanted = _grants(inputs, keep)
+    rules, create, replaced = _additions(inputs.config, wanted)
+    remove: list[str] = []
+    denied: list[str] = []
+    if plugin_widened:
+        deny_rules, remove, denied = _narrowing(inputs, wanted, facts.privileged)
+        if inputs.settings.privileged_allocation is Policy.AUDIT:
+            warnings.append(
+                f"audit: would deny {len(deny_rules)} accelerator node(s) outside {_allocation_names(reqs)}"
+            )
+            remove = []  # audit changes nothing: the removals are part of what it only reports
+        else:
+            rules += deny_rules
+    remove = sorted({*remove, *replaced})
+    create, remove = _off_host_dev(inputs, create, remove, warnings)
+    if not (rules or create or remove):
+        if plugin_widened:  # only audit gets here: narrowing always denies
+            why = (
+                f"widened beyond its plugin allocation {_allocation_names(reqs)}; left as is (policy: audit)"
+            )
+        elif not reqs.items and reqs.ignored_env:
+            why = f"no device requested: {' and '.join(reqs.ignored_env)} is no request here (see warnings)"
+        elif not reqs.items:
+            why = "no device requested"
+        elif inputs.no_driver_for:
+            asked = ", ".join(inputs.no_driver_for[:4]) + (" ..." if len(inputs.no_driver_for) > 4 else "")
+            why = (
+                f"no NVIDIA driver on this node: the container starts without the GPU it asked for ({asked})"
+            )
+        else:
+            why = "the container already has exactly what it asked for"
+        return _plan(Verdict.NONE, why, warnings, denied=tuple(denied))
+    reason = _reason(facts, plugin_widened, reqs, rules, create, remove, replaced)
+    return _plan(
+        Verdict.APPLY,
+        reason,
+        warnings,
+        rules=tuple(rules),
+        create=tuple(create),
+        remove=tuple(remove),
+        denied=tuple(denied),
+    )
+
+
+def _reason(
+    facts: Facts,
+    narrowed: bool,
+    reqs: Requests,
+    rules: list[Rule],
+    create: list[Node],
+    remove: list[str],
+    replaced: Sequence[str] = (),
+) -> str:
+    denied = sum(not r.allow for r in rules)
+    allowed = len(rules) - denied
+    parts = []
+    if narrowed:
+        shape = "privileged" if facts.privileged else "widened"
+        parts.append(
+            f"narrowed a {shape} container to its plugin allocation {_allocation_names(reqs)}: "
+            f"denied {denied} accelerator node(s), removed {sum(p not in replaced for p in remove)}"
+        )
+    if allowed or create:
+        parts.append(f"allowed {allowed} and created {len(create)} node(s) it requested")
+    if replaced:
+        parts.append(f"{', '.join(replaced)}: another device at that path, replaced")
+    return "; ".join(parts)

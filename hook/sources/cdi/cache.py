@@ -1,0 +1,143 @@
+"""The parsed-spec cache: each spec file is parsed once across hook runs.
+
+Rule: an entry is reused only while its file's ``(path, size, mtime_ns, inode)`` is unchanged.
+The cache is one file written through ``hook.sources.cachefile`` (its directory, open and write rules): a
+JSON header line (magic, format and hook version, per-file key, kind, device names, error, body
+offset and CRC-32) followed by one JSON line per spec body, so a warm load reads and decodes only
+the header; a body is read (and its CRC checked) only for a spec a request touches. A cache that
+is corrupt or foreign (other magic, format or hook version, not a regular file of ours, group or
+world writable, over ``MAX_BYTES``) is ignored and rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Final
+
+from hook.core.record import record
+from hook.core.version import VERSION
+from hook.sources import cachefile
+
+__all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKey", "Entry", "Cache",
+           "file_key", "read", "write"]
+
+MAGIC: Final = "oci-device-hook/cdi-cache"
+FORMAT_VERSION: Final = 2  # 2: specs decoded the reference way (YAML for every file, Go conversions)
+CACHE_NAME: Final = "cdi-cache.json"
+DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
+MAX_BYTES: Final = 64 << 20
+
+FileKey = tuple[int, int, int]  # size, mtime_ns, inode
+
+
+def file_key(st: os.stat_result) -> FileKey:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@record(kw_only=False)
+class Entry:
+    """One spec file as cached: a valid spec (kind, names, body) or an error line."""
+
+    key: FileKey
+    kind: str = ""
+    names: tuple[str, ...] = ()
+    error: str | None = None
+    body: dict[str, Any] | None = None  # set when freshly parsed; else loaded lazily from the cache
+
+
+class Cache:
+    """A read cache file: the header index plus the raw bytes that hold the bodies."""
+
+    def __init__(self, header: dict[str, Any], path: Path, base: int) -> None:
+        self._files: dict[str, Any] = header["files"]
+        self._path = path
+        self._base = base
+
+    def paths(self) -> set[str]:
+        return set(self._files)
+
+    def lookup(self, path: str, key: FileKey) -> Entry | None:
+        item = self._files.get(path)
+        if not isinstance(item, dict) or item.get("key") != list(key):
+            return None
+        error = item.get("error")
+        if error is not None:
+            return Entry(key=key, error=str(error))
+        return Entry(key=key, kind=item["kind"], names=tuple(item["names"]))
+
+    def body(self, path: str) -> dict[str, Any] | None:
+        """The raw spec body of ``path``; None if this cache cannot provide it (treat as a miss)."""
+        item = self._files.get(path)
+        fd = cachefile.open_private(str(self._path.parent), self._path.name, MAX_BYTES)
+        if fd is None:
+            return None
+        try:  # the file may have been replaced since the header was read: the CRC tells
+            start, length, crc = item["body"]  # type: ignore[index]
+            chunk = os.pread(fd, int(length), self._base + int(start))
+            if zlib.crc32(chunk) != crc:
+                return None
+            value = json.loads(chunk)
+        except (TypeError, KeyError, ValueError, OSError, RecursionError):
+            return None
+        finally:
+            os.close(fd)
+        return value if isinstance(value, dict) else None
+
+
+def read(path: Path) -> Cache | None:
+    """The cache at ``path``, or None when it is absent, corrupt, foreign or of another version."""
+    fd = cachefile.open_private(str(path.parent), path.name, MAX_BYTES)
+    if fd is None:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            line = fh.readline(MAX_BYTES)  # bodies are read later, only those a request needs
+        header = json.loads(line)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not (line.endswith(b"\n") and isinstance(header, dict) and header.get("magic") == MAGIC
+            and header.get("version") == FORMAT_VERSION and header.get("hook") == VERSION
+            and isinstance(header.get("files"), dict) and header.get("size") == size - len(line)):
+        return None
+    for item in header["files"].values():
+        if not _well_formed(item):
+            return None
+    return Cache(header, path, len(line))
+
+
+def _well_formed(item: Any) -> bool:
+    if not isinstance(item, dict) or not isinstance(item.get("key"), list):
+        return False
+    if item.get("error") is not None:
+        return isinstance(item["error"], str)
+    names = item.get("names")
+    if not isinstance(item.get("kind"), str) or not isinstance(names, list):
+        return False
+    return all(isinstance(n, str) for n in names)
+
+
+def write(path: Path, entries: dict[str, Entry], bodies: dict[str, bytes]) -> bool:
+    """Atomically replace the cache with ``entries``; ``bodies`` are serialized spec bodies.
+
+    Returns False when the cache cannot be written (read-only /run, no permission): the hook
+    then simply parses again next time.
+    """
+    files: dict[str, Any] = {}
+    chunks: list[bytes] = []
+    offset = 0
+    for source, entry in entries.items():
+        if entry.error is not None:
+            files[source] = {"key": list(entry.key), "error": entry.error}
+            continue
+        body = bodies[source] + b"\n"
+        files[source] = {"key": list(entry.key), "kind": entry.kind, "names": list(entry.names),
+                         "body": [offset, len(body) - 1, zlib.crc32(bodies[source])]}
+        chunks.append(body)
+        offset += len(body)
+    header = {"magic": MAGIC, "version": FORMAT_VERSION, "hook": VERSION, "size": offset, "files": files}
+    data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(chunks)
+    return cachefile.write(str(path.parent), path.name, data) is None

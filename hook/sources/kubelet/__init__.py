@@ -1,0 +1,1 @@
+"""The kubelet's evidence: device-plugin checkpoint, DRA state, pod identity."""

@@ -1,0 +1,222 @@
+"""The kubelet device-plugin checkpoint: the one node-local record tying a container to its allocation.
+
+Rule: the checkpoint is authoritative when it names this pod and container, and optional
+otherwise. Parsing takes bytes; a corrupt file is reported to the caller, which turns it into a
+warning and carries on with the other evidence. ``AllocResp`` is the plugin's own
+``ContainerAllocateResponse`` (protobuf); we decode just the fields that name devices.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from hook.core.errors import InputError
+from hook.core.record import field, record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from hook.sources.kubelet.dra import DraView
+
+__all__ = [
+    "Allocation",
+    "Pod",
+    "Kubelet",
+    "KNOWN_PATHS",
+    "parse_checkpoint",
+    "find_allocations",
+]
+
+# Where kubelets keep the checkpoint: upstream default (--root-dir /var/lib/kubelet), k3s/rke2's
+# agent dir, microk8s' snap dir. ``hook doctor`` looks in each; the hook reads kubelet_checkpoint.
+KNOWN_PATHS = (
+    "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+    "/var/lib/rancher/k3s/agent/kubelet/device-plugins/kubelet_internal_checkpoint",
+    "/var/lib/rancher/rke2/agent/kubelet/device-plugins/kubelet_internal_checkpoint",
+    "/var/snap/microk8s/common/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+)
+
+
+@record
+class Allocation:
+    """One resource's allocation to one container, as the plugin answered it."""
+
+    pod_uid: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+    envs: Mapping[str, str]
+    device_paths: tuple[tuple[str, str], ...]  # (container path, host path)
+    cdi_devices: tuple[str, ...]
+    mounts: tuple[tuple[str, str], ...] = ()  # (container path, host path): volume-mounts strategy
+    annotations: Mapping[str, str] = field(default_factory=dict)  # cdi-annotations strategy
+
+
+@record
+class Pod:
+    """A Kubernetes container's identity, as its own engine wrote it (``hook.sources.kubelet.podid``)."""
+
+    uid: str
+    container: str
+    namespace: str  # "" when absent: then no namespace is trusted
+    name: str
+
+
+@record
+class Kubelet:
+    """What the kubelet's checkpoint says about one container, and how sure that is.
+
+    ``state``: ``read`` (the file parsed; ``allocations`` is this container's whole allocation,
+    possibly none), or ``absent`` / ``unreadable`` / ``corrupt`` (nothing known), or
+    ``untrusted``: the annotations name a pod but not as one engine wrote it (``problem`` says
+    why), so the checkpoint was not consulted and no env request counts. ``dra_view`` is the
+    kubelet's DRA state about the pod (hook.sources.kubelet.dra), read whatever the checkpoint's state.
+    """
+
+    pod: Pod
+    checkpoint: str
+    state: str
+    allocations: tuple[Allocation, ...] = ()
+    dra_view: DraView | None = None
+    engine: str = ""  # whose annotations named the pod (hook.sources.kubelet.podid)
+    problem: str = ""  # why no pod identity is trusted (state "untrusted")
+
+    @property
+    def known(self) -> bool:
+        return self.state == "read"
+
+    @property
+    def dra(self) -> bool:
+        """The pod has DRA claims, which the device-plugin checkpoint does not list."""
+        return self.dra_view is not None and bool(self.dra_view.claims)
+
+    @property
+    def dra_unknown(self) -> bool:
+        """A DRA state file exists but cannot be read or trusted: the pod may hold claims."""
+        return self.dra_view is not None and self.dra_view.unknown
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _fields(buf: bytes) -> list[tuple[int, bytes]]:
+    """Length-delimited fields of one protobuf message; other wire types are skipped."""
+    out, pos = [], 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _varint(buf, pos)
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            if pos + size > len(buf):
+                raise ValueError("truncated field")
+            out.append((number, buf[pos : pos + size]))
+            pos += size
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+    return out
+
+
+def _text(sub: bytes, number: int) -> str:
+    return next((v.decode() for n, v in _fields(sub) if n == number), "")
+
+
+@record
+class _Resp:
+    envs: dict[str, str] = field(default_factory=dict)
+    devices: list[tuple[str, str]] = field(default_factory=list)
+    cdi: list[str] = field(default_factory=list)
+    mounts: list[tuple[str, str]] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def _decode_alloc_resp(data: bytes) -> _Resp:
+    """``ContainerAllocateResponse``: envs=1 (map), mounts=2 (Mount{container_path, host_path}),
+    devices=3 (DeviceSpec{container_path, host_path, permissions}), annotations=4 (map),
+    cdi_devices=5 (CDIDevice{name}); kubelet's deviceplugin/v1beta1 api.proto."""
+    resp = _Resp()
+    for number, sub in _fields(data):
+        if number == 1:
+            resp.envs[_text(sub, 1)] = _text(sub, 2)
+        elif number == 2:
+            resp.mounts.append((_text(sub, 1), _text(sub, 2)))
+        elif number == 3:
+            resp.devices.append((_text(sub, 1), _text(sub, 2)))
+        elif number == 4:
+            resp.annotations[_text(sub, 1)] = _text(sub, 2)
+        elif number == 5:
+            resp.cdi.append(_text(sub, 1))
+    return resp
+
+
+def _entry(e: object, source: str, i: int) -> Allocation:
+    name = f"Data.PodDeviceEntries[{i}]"
+    if not isinstance(e, dict):
+        raise InputError(source, name, "expected an object")
+    ids = e.get("DeviceIDs") or {}
+    if isinstance(ids, list):  # pre-1.20 kubelets wrote a flat list
+        ids = {"": ids}
+    if not isinstance(ids, dict) or not all(isinstance(v, list) for v in ids.values()):
+        raise InputError(source, f"{name}.DeviceIDs", "expected a map of NUMA node to IDs")
+    resp = _Resp()
+    if e.get("AllocResp"):
+        import base64
+        import binascii
+
+        try:
+            resp = _decode_alloc_resp(base64.b64decode(e["AllocResp"], validate=True))
+        except (ValueError, binascii.Error, UnicodeDecodeError, TypeError) as exc:
+            raise InputError(source, f"{name}.AllocResp", f"cannot decode ({exc})") from None
+    return Allocation(
+        pod_uid=str(e.get("PodUID", "")),
+        container=str(e.get("ContainerName", "")),
+        resource=str(e.get("ResourceName", "")),
+        device_ids=tuple(sorted({str(d) for v in ids.values() for d in v})),
+        envs=resp.envs,
+        device_paths=tuple(resp.devices),
+        cdi_devices=tuple(resp.cdi),
+        mounts=tuple(resp.mounts),
+        annotations=resp.annotations,
+    )
+
+
+def parse_checkpoint(data: bytes, source: str, only: tuple[str, str] | None = None) -> tuple[Allocation, ...]:
+    """Every entry, or with ``only=(pod_uid, container)`` just that container's: the hook decodes
+    (and so can be failed by) its own container's AllocResp only, not every pod's on the node."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(source, "", f"not valid JSON ({exc})") from None
+    data_obj = obj.get("Data") if isinstance(obj, dict) else None
+    if data_obj is not None and not isinstance(data_obj, dict):
+        raise InputError(source, "Data", "expected an object")
+    entries = (data_obj or {}).get("PodDeviceEntries")
+    if entries is None:
+        entries = []
+    if not isinstance(entries, list):
+        raise InputError(source, "Data.PodDeviceEntries", "expected a list")
+    return tuple(_entry(e, source, i) for i, e in enumerate(entries) if only is None or _is(e, only))
+
+
+def _is(e: object, ident: tuple[str, str]) -> bool:
+    """Whether a raw entry is this container's; a malformed entry is decoded (and reported)."""
+    if not isinstance(e, dict):
+        return True
+    return (str(e.get("PodUID", "")), str(e.get("ContainerName", ""))) == ident
+
+
+def find_allocations(allocs: tuple[Allocation, ...], pod_uid: str, container: str) -> tuple[Allocation, ...]:
+    return tuple(a for a in allocs if a.pod_uid == pod_uid and a.container == container)
