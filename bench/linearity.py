@@ -21,8 +21,8 @@ def _decide_once(root: Path, bundle: Path, cache: Path, empty: Path, count: bool
     from hook.adapters.apply.cgroup_v1 import check_effect, parse_list
     from hook.core.decide import decide
     from hook.core.oci import parse_state
+    from hook.core.settings import Settings
     from hook.routes.gather import Options, load_inputs
-    from hook.sources.settingsfile import Settings
 
     state = parse_state(bundles.state_for(bundle, "odh-bench-linear", os.getpid()), "state")
     settings = Settings(cache_dir=str(cache), log_file=str(cache / "hook.log"))

@@ -31,6 +31,11 @@ from bench.rows import Row
 from bench.timing import Sample, paired, timed_process
 from bench.wrapper import wrapper_rows
 
+# The modules a container that asks for nothing loads: the entry, the fast path, its os-only reads.
+FAST_PATH_MODULES = [
+    "hook", "hook.entry", "hook.routes", "hook.routes.fastpath", "hook.sources", "hook.sources.privatefile",
+]  # fmt: skip
+
 REPO = bundles.REPO
 DOC = REPO / "docs" / "performance.md"
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
@@ -314,7 +319,7 @@ class Bench:
         out = self.tmp / "hookproc-nodev.jsonl"
         timed_process([*proc, str(out), "--"], self.tmp / "state-nodev.json", "hookproc nodev")()
         rec = _last(out)
-        fast_mods = ["hook", "hook.entry", "hook.routes", "hook.routes.fastpath"]
+        fast_mods = FAST_PATH_MODULES
         fast = rec["hook_modules"] == fast_mods and not rec["heavy_stdlib"]
         self.check("(1)/(3) no-device: fast path (entry + fastpath only, no json/re/enum), no pynvml",
                    rec["rc"] == 0 and fast and not rec["pynvml"],

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hook.core import settings as core_settings
 from hook.core.version import VERSION
 from hook.routes import fastpath
 from hook.sources import cachefile
@@ -167,7 +168,7 @@ def test_record_of_another_version_with_an_extra_key_is_rewritten(tmp_path: Path
     """A rollback leaves a record whose settings carry a key this hook does not know."""
     path = custom_settings(tmp_path, "privileged_allocation: reject\n")
     st = path.stat()
-    doc = settings._document(settings.Settings())
+    doc = core_settings.document(core_settings.Settings())
     fmt_now = fastpath.FASTPATH_FORMAT
     for version, fmt in (("9.9.9", fmt_now), ("0.1.0", fmt_now), ("0.0.1", 1)):
         record = {

@@ -37,8 +37,8 @@ KEPT = [(C, 195, 1), (C, 195, 255), (C, 1, 3), (C, 5, 0), (C, 136, 4), (C, 511, 
 def _plan_and_config(tmp_path: Path) -> tuple[dict[str, object], object]:
     """The seed 000 slice pod decided by the real decide, and the host it ran on."""
     from hook.core.decide import decide
+    from hook.core.settings import Settings
     from hook.routes.gather import Options, inputs_for_config
-    from hook.sources.settingsfile import Settings
 
     root = tmp_path / "root"
     make_host_tree(root, "8x-mig", mknod=False)

@@ -16,6 +16,11 @@ import hook.routes.fastpath
 from hook.routes.fastpath import needs_decision
 from tests.bundles import PRIVATE_RUN, config, gen, state, write_bundle
 
+# The modules a container that asks for nothing loads: the entry, the fast path, its os-only reads.
+FAST_PATH_MODULES = [
+    "hook", "hook.entry", "hook.routes", "hook.routes.fastpath", "hook.sources", "hook.sources.privatefile",
+]  # fmt: skip
+
 # The log is stubbed (as module hook.adapters.log) so a slow-path run writes nothing outside tmp.
 PROBE = """
 import sys, types
@@ -61,7 +66,7 @@ def probe(
 def test_no_device_container_loads_only_the_entry(tmp_path: Path) -> None:
     bundle = write_bundle(tmp_path / "b", config(["LANG=C"], devices=[gen.node("/dev/fuse", 10, 229)]))
     mods, calls, rc = probe(state(bundle, pid=4242))
-    assert (mods, calls, rc) == (["hook", "hook.entry", "hook.routes", "hook.routes.fastpath"], [], 0)
+    assert (mods, calls, rc) == (FAST_PATH_MODULES, [], 0)
 
 
 def test_decision_needed_takes_the_slow_path(tmp_path: Path) -> None:

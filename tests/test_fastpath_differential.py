@@ -29,9 +29,9 @@ from hook.core.decide import decide
 from hook.core.errors import HookError
 from hook.core.oci import parse_config_object
 from hook.core.plan import Verdict
+from hook.core.settings import Settings
 from hook.routes.fastpath import DEFAULT_MOUNT_ROOT, DEFAULT_PREFIXES, needs_decision, well_formed
 from hook.routes.gather import Options, inputs_for_config
-from hook.sources.settingsfile import Settings
 from tests.bundles import alloc_resp, checkpoint, checkpoint_entry
 from tests.hosttree import CAPS_MAJOR, UVM_MAJOR, make_host_tree
 from tests.k8s_shapes import CONTAINER, GPUS, POD_UID, annotations, cgroups_path, write_cdi

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hook.core.settings import Settings
 from hook.routes.gather import Options, load_inputs, scan_accelerators, state_from_bundle
-from hook.sources.settingsfile import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 INVENTORY = REPO / "examples" / "node" / "inventory.json"
@@ -45,7 +45,7 @@ def test_spec_less_node_never_imports_the_cdi_engine(tmp_path: Path) -> None:
     empty.mkdir()
     b = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=1"])
     code = (
-        "import sys; from pathlib import Path; from hook.sources.settingsfile import Settings; "
+        "import sys; from pathlib import Path; from hook.core.settings import Settings; "
         "from hook.routes.gather import Options, load_inputs, state_from_bundle; "
         f"o = Options(spec_dirs=(Path({str(empty)!r}),), inventory_file=Path({str(INVENTORY)!r}), "
         "use_cache=False, settings=Settings()); "

@@ -38,6 +38,7 @@ HOOK_MODULES = {
     "hook", "hook.entry", "hook.routes.fastpath", "hook.routes.live", "hook.core.errors",
     # the layer packages (docstring-only __init__ files)
     "hook.core", "hook.sources", "hook.sources.kubelet", "hook.adapters", "hook.routes",
+    "hook.core.kubelet", "hook.core.settings", "hook.sources.privatefile",
     "hook.core.record", "hook.core.rules",
     "hook.core.oci", "hook.core.plan",
     "hook.sources.kubelet.checkpoint", "hook.sources.settingsfile", "hook.core.requests",

@@ -149,7 +149,7 @@ def test_missing_cdi_spec_dir_is_a_warning_and_empty_list_says_so(tmp_path: Path
 @pytest.mark.parametrize("kind", ["nvidia", "nvidia.com/", "/gpu", "a/b/c"])
 def test_cdi_kind_without_a_class_is_an_error(kind: str, tmp_path: Path) -> None:
     from hook.core.errors import InputError
-    from hook.sources.settingsfile import parse_settings
+    from hook.core.settings import parse_settings
 
     with pytest.raises(InputError, match="cdi_kinds") as err:
         parse_settings({"cdi_kinds": ["nvidia.com/gpu", kind]}, "config.yaml")
@@ -334,7 +334,7 @@ def test_parse_since_relative_and_absolute() -> None:
 
 def test_logrotate_snippet_names_the_default_log() -> None:
     text = (REPO / "packaging/logrotate").read_text()
-    from hook.sources.settingsfile import Settings
+    from hook.core.settings import Settings
 
     assert f"{Settings().log_file} {{" in text
     if shutil.which("logrotate"):

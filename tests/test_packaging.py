@@ -356,7 +356,7 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
     scripts = docs["ConfigMap/oci-device-hook-scripts"]["data"]
     assert {"install.sh", "uninstall.sh"} <= set(scripts)
     settings = docs["ConfigMap/oci-device-hook-settings"]["data"]["config.yaml"]
-    from hook.sources.settingsfile import parse_settings
+    from hook.core.settings import parse_settings
 
     parse_settings(yaml.safe_load(settings), "configmap")  # the shipped settings are valid
 

@@ -22,6 +22,11 @@ from hook.core.rules import Access, DeviceType
 from tests.bundles import EXAMPLES, NODE_CDI, NODE_INVENTORY, _hook_exe, settings_file
 from tests.hosttree import CAPS_MAJOR, make_host_tree
 
+# The modules a container that asks for nothing loads: the entry, the fast path, its os-only reads.
+FAST_PATH_MODULES = [
+    "hook", "hook.entry", "hook.routes", "hook.routes.fastpath", "hook.sources", "hook.sources.privatefile",
+]  # fmt: skip
+
 C = DeviceType.CHAR
 OWN_CAPS = (12, 13)  # the 3g.40gb's GI/CI caps in examples/node/cdi
 
@@ -248,8 +253,7 @@ def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_pa
             timeout=60,
         )
     assert res.stdout == example("cpu")
-    fast_path_modules = ["hook", "hook.entry", "hook.routes", "hook.routes.fastpath"]
-    assert res.stderr.decode() == repr((0, fast_path_modules, False, False))
+    assert res.stderr.decode() == repr((0, FAST_PATH_MODULES, False, False))
 
 
 def test_kubelet_checkpoint_found_from_the_pod_annotations_alone(

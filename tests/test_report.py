@@ -11,8 +11,8 @@ from hook.core.decide import decide
 from hook.core.plan import Node, Plan, Verdict
 from hook.core.report import build_report, render_json, render_text
 from hook.core.rules import Access, DeviceType, Rule
+from hook.core.settings import Settings
 from hook.routes.gather import Options, load_inputs, state_from_bundle
-from hook.sources.settingsfile import Settings
 from tests.bundles import NODE_CDI, NODE_INVENTORY, config, gen, write_bundle
 
 

@@ -11,9 +11,9 @@ import pytest
 from hook.core.errors import InputError
 from hook.core.oci import parse_config, parse_rule
 from hook.core.requests import collect, is_accelerator, is_privileged
+from hook.core.settings import EnvRequests, Settings
 from hook.sources.kubelet.checkpoint import Kubelet, find_allocations, parse_checkpoint
 from hook.sources.kubelet.podid import identify
-from hook.sources.settingsfile import EnvRequests, Settings
 from tests.bundles import (
     ALLOW_ALL,
     CONTAINERD_CGROUPS_PATH,

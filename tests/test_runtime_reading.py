@@ -183,7 +183,7 @@ def test_an_ordinary_tmpfs_dev_is_not_the_hosts() -> None:
 
 def test_an_accelerator_path_is_recognised_with_a_doubled_slash() -> None:
     from hook.core.requests import is_accelerator
-    from hook.sources.settingsfile import DEFAULT_ACCELERATOR_NODES
+    from hook.core.settings import DEFAULT_ACCELERATOR_NODES
 
     assert is_accelerator("//dev/nvidia3", DEFAULT_ACCELERATOR_NODES)
     assert is_accelerator("/dev//nvidia3", DEFAULT_ACCELERATOR_NODES)

@@ -19,7 +19,7 @@ import yaml
 
 from hook.adapters.marker import ANNOTATION
 from hook.core.errors import InputError
-from hook.sources.settingsfile import parse_settings
+from hook.core.settings import parse_settings
 from tests.bundles import EXAMPLES, NODE_CDI, _hook_exe
 from tests.hosttree import make_host_tree
 

@@ -17,10 +17,10 @@ import pytest
 from hook.core.errors import InputError
 from hook.core.oci import parse_config
 from hook.core.requests import collect
+from hook.core.settings import EnvRequests, Settings
 from hook.routes import fastpath
 from hook.sources.nvidia.migminors import build_cap_table, parse_mig_minors
 from hook.sources.nvidia.model import CapNode
-from hook.sources.settingsfile import EnvRequests, Settings
 from tests.bundles import POD_CAPS, config, state, write_bundle
 
 # --- requests: CAP_SYS_ADMIN counts as privileged for the env channel (h03) -------------------------

@@ -26,8 +26,8 @@ from hook.core.oci import OciConfig
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
-    from hook.sources.kubelet.checkpoint import Kubelet
-    from hook.sources.settingsfile import Settings
+    from hook.core.kubelet import Kubelet
+    from hook.core.settings import Settings
 
 __all__ = ["ANNOTATION", "KEY_NAME", "binding", "digest_text", "load_key", "sign", "verify"]
 
@@ -46,7 +46,7 @@ def binding(kubelet: Kubelet | None, settings: Settings) -> str:
     import json
 
     from hook.core.record import asdict
-    from hook.sources.settingsfile import digest
+    from hook.core.settings import digest
 
     evidence = asdict(kubelet) if kubelet is not None else None
     doc = {"kubelet": evidence, "settings": digest(settings)}

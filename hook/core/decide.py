@@ -15,7 +15,7 @@ from hook.core.plan import Node, Plan, Verdict
 from hook.core.record import field, record
 from hook.core.requests import DeviceRequest, Kind, Requests, has_sys_admin, is_accelerator, is_privileged
 from hook.core.rules import Access, DeviceType, Rule, evaluate
-from hook.sources.settingsfile import MigManagement, Policy, Settings
+from hook.core.settings import MigManagement, Policy, Settings
 
 __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
 

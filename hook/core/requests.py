@@ -17,11 +17,11 @@ from enum import StrEnum
 
 from hook.core.errors import InputError
 from hook.core.kpath import container_path, host_source
+from hook.core.kubelet import Allocation, Kubelet
 from hook.core.oci import LinuxDevice, OciConfig
 from hook.core.record import record, replace
 from hook.core.rules import Access, DeviceType, Rule
-from hook.sources.kubelet.checkpoint import Allocation, Kubelet
-from hook.sources.settingsfile import EnvRequests, Settings
+from hook.core.settings import EnvRequests, Settings
 
 __all__ = [
     "Kind",

@@ -1,18 +1,25 @@
 """The os-only fast path: everything a container that needs no decision costs, and nothing more.
 
-Rule: this module sits below everything it serves (``hook.entry``, ``hook.routes.live``,
-``hook.routes.precreate``, ``hook.sources.settingsfile``, ``hook.sources.cachefile``) and imports
-only ``os`` at load time, so
-the console entry, the caches and the full path share one copy of each rule without an import
-circle. A container that asks for no device and is not widened is answered from the raw JSON
-here, decoded by ``json``'s own C scanner (``loads``: importing the ``json`` package would pull in
-``re``, ``enum`` and ``functools``, most of the fast path's cost). ``hook.core.version`` is the only
-hook module read, and only for custom settings.
+Rule: a container that asks for no device and is not widened is answered from the raw JSON here,
+with ``os`` and the hook's private-file primitives (``hook.sources.privatefile``: the trust-checked
+reads and ``loads``, the JSON decoding through ``json``'s own C scanner; importing the ``json``
+package would pull in ``re``, ``enum`` and ``functools``, most of the fast path's cost) and nothing
+else at load time. The full path shares its rules: ``needs_decision`` is the question every route
+asks before it decides. ``hook.core.version`` is the only other hook module read, and only for
+custom settings.
 """
 
 from __future__ import annotations
 
 import os
+
+from hook.sources.privatefile import FASTPATH_CACHE as FASTPATH_CACHE
+from hook.sources.privatefile import FASTPATH_FORMAT as FASTPATH_FORMAT
+from hook.sources.privatefile import FASTPATH_MAX as FASTPATH_MAX
+from hook.sources.privatefile import fastpath_record, is_regular, read_private
+from hook.sources.privatefile import loads as loads
+from hook.sources.privatefile import read_limited as read_limited
+from hook.sources.privatefile import settings_identity as settings_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time: the fast path cannot afford it
 if TYPE_CHECKING:
@@ -21,9 +28,6 @@ if TYPE_CHECKING:
 DEFAULT_SETTINGS = "/etc/oci-device-hook/config.yaml"
 DEFAULT_PREFIXES = ("cdi.k8s.io/",)
 DEFAULT_MOUNT_ROOT = "/var/run/nvidia-container-devices"
-FASTPATH_CACHE = "/run/oci-device-hook/fastpath.json"
-FASTPATH_FORMAT = 2  # 2: one entry per settings file, with the hook's version
-FASTPATH_MAX = 256 << 10
 MAX_STATE = 1 << 20
 MAX_CONFIG = 16 << 20
 NVIDIA_ENVS = (
@@ -56,170 +60,6 @@ PLAIN_NUMBERS = frozenset(PLAIN_DEVICES.values())
 NUMBER_LIMIT = 1 << 31  # hook.core.oci.RULE_NUMBER_LIMIT: beyond it runc and crun read a number differently
 
 
-class _Defaults:
-    """What ``_json.make_scanner`` reads from its context: exactly ``json.JSONDecoder()``'s defaults."""
-
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
-    strict = True
-    memo: dict[str, Any] = {}
-
-
-_JSON_WS = " \t\n\r"  # json.decoder.WHITESPACE
-_OTHER_ENCODING = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")  # BOMs json.detect_encoding honours
-_scanner: list[Any] = []  # [scan_once] once built; [None] where this Python has no _json
-
-
-def loads(data: bytes) -> Any:
-    """``json.loads(data)`` (same value, a ValueError where it fails) without importing ``json``.
-
-    UTF-8 input goes through the C scanner ``json.loads`` itself uses, set up as its default
-    decoder. Whatever ``json.detect_encoding`` might read as another encoding (a BOM, a NUL in the
-    first four bytes), a Python without ``_json``, and every way the scanner can fail other than
-    a plain decode error (a ``SystemError`` on a truncated escape, a ``RecursionError`` on deep
-    nesting) are handed to ``json.loads`` itself: the trick never decides a case the public way
-    would decide differently (tests/fuzz proves it on mutated and truncated real configs).
-    """
-    if not _scanner:
-        try:
-            from _json import make_scanner
-        except ImportError:
-            _scanner.append(None)
-        else:
-            _scanner.append(make_scanner(_Defaults()))  # type: ignore[arg-type]
-    scan_once = _scanner[0]
-    if scan_once is not None and b"\x00" not in data[:4] and not data.startswith(_OTHER_ENCODING):
-        try:
-            text = data.decode("utf-8", "surrogatepass")
-            value, end = scan_once(text, len(text) - len(text.lstrip(_JSON_WS)))
-            if not text[end:].lstrip(_JSON_WS):
-                return value
-        except Exception:  # any surprise of the trick: ask the public way
-            pass
-    import json
-
-    return json.loads(data)
-
-
-def read_limited(fd_or_path: int | str, limit: int) -> bytes:
-    """At most ``limit`` bytes (a path: a ValueError when larger); never blocks on a FIFO or a tty."""
-    if isinstance(fd_or_path, int):
-        with open(fd_or_path, "rb", closefd=False) as f:
-            return f.read(limit + 1)
-    fd = os.open(fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not _regular(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = _read_fd(fd, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    return data
-
-
-def _regular(mode: int) -> bool:
-    return mode & 0o170000 == 0o100000  # stat.S_ISREG without importing stat
-
-
-def _read_fd(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = os.read(fd, min(limit - size, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-def open_private(directory: str, name: str, limit: int) -> int | None:
-    """An fd on ``directory/name`` if both are the hook's own, else None (a cache miss).
-
-    The rule for every file under the cache directory (``hook.sources.cachefile`` writes them; the fast
-    path reads here, with ``os`` only): the directory is not a symlink, is owned by this user
-    and open to no one else; the file is opened ``O_NOFOLLOW|O_NONBLOCK`` relative to it and
-    ``fstat`` says regular, ours, not group/other-writable and at most ``limit`` bytes before a
-    byte is read. A FIFO, a device, a symlink, a planted or huge file is a miss, never a hang.
-    """
-    try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    try:
-        st = os.fstat(dfd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return None
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(dfd)
-    try:
-        st = os.fstat(fd)
-        ours = st.st_uid == os.geteuid() and not st.st_mode & 0o022
-        if _regular(st.st_mode) and ours and st.st_size <= limit:
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
-
-
-def read_private(directory: str, name: str, limit: int) -> bytes | None:
-    """The bytes of ``directory/name`` under ``open_private``'s rule, else None (a cache miss)."""
-    fd = open_private(directory, name, limit)
-    if fd is None:
-        return None
-    try:
-        size = os.fstat(fd).st_size
-        data = _read_fd(fd, size + 1)
-        return data if len(data) == size else None  # changed while read: a miss
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def settings_identity(path: str, st: os.stat_result) -> list[object]:
-    """What ties a fast-path record to one settings file's content (any edit changes it)."""
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-
-
-def fastpath_record(data: bytes | None, path: str, st: os.stat_result) -> dict[str, Any] | None:
-    """This settings file's entry in the fast-path record, or None when anything is off.
-
-    The record is ``{"format", "hook", "files": {abspath: entry}}``: several settings files
-    (several engines, a test run) each keep their entry. Another format or hook version, a
-    foreign shape, garbage or a truncated file is a miss; the full path rewrites it.
-    """
-    if data is None:
-        return None
-    from hook.core.version import VERSION  # only for custom settings: the default fast path never reads it
-
-    try:
-        doc = loads(data)
-        entry = doc["files"][os.path.abspath(path)]
-        if (
-            doc["kind"] != "fastpath"
-            or doc["format"] != FASTPATH_FORMAT
-            or doc["hook"] != VERSION
-            or entry["key"] != settings_identity(path, st)
-            or not _strs(entry["cdi_annotation_prefixes"])
-            or not all(entry["cdi_annotation_prefixes"])
-            or not isinstance(entry["volume_mount_root"], str)
-            or not isinstance(entry["settings"], dict)
-        ):
-            return None
-    except Exception:  # whatever the file holds, it is only a miss
-        return None
-    return entry if isinstance(entry, dict) else None
-
-
 def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
     """The two settings the fast path needs (CDI annotation prefixes, volume-mount root), or None.
 
@@ -234,7 +74,7 @@ def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
         return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
     except (OSError, ValueError):
         return None
-    if not _regular(st.st_mode):
+    if not is_regular(st.st_mode):
         return None
     if st.st_size < 65536:
         try:

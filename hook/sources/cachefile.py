@@ -3,7 +3,7 @@
 Rule: a cache only ever costs or saves time, never decides. The directory is this user's, mode
 0700, and never followed through a symlink; a file is read only after ``fstat`` on the opened
 (``O_NOFOLLOW|O_NONBLOCK``) descriptor says regular, ours, not group/other-writable and under
-the caller's size cap (``hook.routes.fastpath.read_private``, shared with the fast path, which may import
+the caller's size cap (``hook.sources.privatefile.read_private``, shared with the fast path, which may import
 nothing else). Each record carries its format version and the hook's version (``stamp``,
 ``current``); anything else is a miss the caller rebuilds. A write goes to an ``O_EXCL`` temp
 file in the directory, renamed over the target, removed on failure; temp files a killed hook
@@ -18,7 +18,7 @@ import stat
 import time
 
 from hook.core.version import VERSION
-from hook.routes.fastpath import open_private, read_private
+from hook.sources.privatefile import open_private, read_private
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import pytest
 
 from hook.core.errors import InputError
 from hook.sources.nvidia import inventory
-from hook.sources.nvidia.model import Inventory
+from hook.sources.nvidia.snapshot import inventory_from_json, inventory_to_json
 from tests.nvidia.fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION
 
 CACHE = Path("/run/oci-device-hook")
@@ -209,7 +209,7 @@ def test_snapshot_round_trip_and_file_wins(fake_host, nvml_for) -> None:
     inv = inventory.load(root, None, None, need_migs=True, nvml_module=nvml_for("8x-mig"))
     text = inventory.dumps(inv)
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
-    assert Inventory.from_json(text, "s.json") == inv
+    assert inventory_from_json(text, "s.json") == inv
     snap = Path("/snap.json")
     snap.write_text(text)
     fake = nvml_for("8x-mig")
@@ -220,7 +220,7 @@ def test_snapshot_round_trip_and_file_wins(fake_host, nvml_for) -> None:
 
 def _snapshot(fake_host) -> dict:
     root, _ = fake_host("8x-mig")
-    return inventory.load(root, None, None, need_migs=False).to_json()
+    return inventory_to_json(inventory.load(root, None, None, need_migs=False))
 
 
 @pytest.mark.parametrize(
@@ -250,13 +250,13 @@ def test_snapshot_errors_name_the_field(fake_host, edit, field: str) -> None:
     data = _snapshot(fake_host)
     edit(data)
     with pytest.raises(InputError) as info:
-        Inventory.from_json(json.dumps(data), "inv.json")
+        inventory_from_json(json.dumps(data), "inv.json")
     assert (info.value.file, info.value.field) == ("inv.json", field)
 
 
 def test_snapshot_not_json_and_unreadable(fs) -> None:
     with pytest.raises(InputError) as info:
-        Inventory.from_json(b"{", "inv.json")
+        inventory_from_json(b"{", "inv.json")
     assert info.value.file == "inv.json" and "not valid JSON" in info.value.reason
     with pytest.raises(InputError) as info:
         inventory.load(Path("/"), Path("/absent.json"), None, need_migs=False)

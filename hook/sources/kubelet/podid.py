@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from hook.core.kubelet import Pod
 from hook.core.record import record
-from hook.sources.kubelet.checkpoint import Pod
 
 __all__ = ["CONTAINERD", "CRIO", "Identity", "identify", "cgroup_engine"]
 

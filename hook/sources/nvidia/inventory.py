@@ -17,7 +17,7 @@ from hook.core.record import record, replace
 from hook.sources import cachefile
 from hook.sources.nvidia import procfs
 from hook.sources.nvidia.model import CapNode, CapTable, Gpu, Inventory, Majors, MigDevice
-from hook.sources.nvidia.snapshot import SNAPSHOT_VERSION
+from hook.sources.nvidia.snapshot import SNAPSHOT_VERSION, inventory_from_json, inventory_to_json
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class _Proc:
 
 
 def dumps(inv: Inventory) -> str:
-    return json.dumps(inv.to_json(), sort_keys=True, indent=2) + "\n"
+    return json.dumps(inventory_to_json(inv), sort_keys=True, indent=2) + "\n"
 
 
 def read_snapshot(path: Path) -> Inventory:
@@ -70,7 +70,7 @@ def read_snapshot(path: Path) -> Inventory:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), "", f"cannot read inventory: {exc.strerror or exc}") from None
-    return replace(Inventory.from_json(data, str(path)), source="file")
+    return replace(inventory_from_json(data, str(path)), source="file")
 
 
 MINORS_CACHE_NAME: Final = "mig-minors.json"
@@ -189,7 +189,7 @@ def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, 
     if not cachefile.current(doc, "inventory", CACHE_FORMAT) or doc.get("key") != key:
         return None, None
     try:
-        return Inventory.from_json(doc.get("inventory"), str(path)), None
+        return inventory_from_json(doc.get("inventory"), str(path)), None
     except (InputError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, f"ignored corrupt cache: {exc}"
 
@@ -197,7 +197,7 @@ def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, 
 def write_cache(cache_dir: Path, key: dict[str, Any], inv: Inventory) -> str | None:
     """Write through ``hook.sources.cachefile`` (0700 dir, O_EXCL temp file, rename); a failure is a
     warning."""
-    record = {**cachefile.stamp("inventory", CACHE_FORMAT), "key": key, "inventory": inv.to_json()}
+    record = {**cachefile.stamp("inventory", CACHE_FORMAT), "key": key, "inventory": inventory_to_json(inv)}
     return _write_atomic(cache_dir, CACHE_NAME, json.dumps(record, sort_keys=True).encode())
 
 

@@ -1,6 +1,6 @@
 """The NVIDIA inventory values: what a host has, as frozen data every other module shares.
 
-Rule: these are plain values built by parsers (``procfs``, ``nvml``, ``inventory.from_json``);
+Rule: these are plain values built by parsers (``procfs``, ``nvml``, ``snapshot.inventory_from_json``);
 nothing here reads the host. ``gpuN`` in capability keys is always the GPU *device minor*, never
 its NVML index.
 """
@@ -98,16 +98,3 @@ class Inventory:
 
     def gpu_by_minor(self, minor: int) -> Gpu | None:
         return next((g for g in self.gpus if g.minor == minor), None)
-
-    def to_json(self) -> dict[str, Any]:
-        """The snapshot object (``hook inventory`` / ``--inventory FILE``); dump with sort_keys."""
-        from hook.sources.nvidia.snapshot import inventory_to_json
-
-        return inventory_to_json(self)
-
-    @classmethod
-    def from_json(cls, data: str | bytes | Mapping[str, Any], source: str) -> Inventory:
-        """Parse a snapshot; ``InputError(source, json.path, reason)`` on any bad field."""
-        from hook.sources.nvidia.snapshot import inventory_from_json
-
-        return inventory_from_json(data, source)
