@@ -43,6 +43,8 @@ HOOK_MODULES = {
     "hook.core.oci", "hook.core.plan",
     "hook.sources.kubelet.checkpoint", "hook.sources.settingsfile", "hook.core.requests",
     "hook.core.decide", "hook.routes.gather", "hook.core.report",
+    "hook.routes.options", "hook.routes.resolver", "hook.routes.hostscan", "hook.sources.inputfile",
+    "hook.sources.kubelet.view",
     "hook.adapters.log", "hook.routes.logrecord", "hook.core.hostdev", "hook.core.kpath",
     "hook.sources.kubelet.podid", "hook.adapters.marker", "hook.core.version",
     "hook.sources.nvidia",
