@@ -65,6 +65,10 @@ def _record(b: Any, r: Result) -> None:
     for route in r.workload.routes:
         got = r.served.get(f"{route}/warm", [])
         answered = sum(1 for v in got if v == "answered")
+        b.checks.append((f"the decider answered every warm start: {r.workload.label}, {route}",
+                         bool(got) and answered == len(got),
+                         f"{answered} of {len(got)} ({', '.join(sorted(set(got)))}; from the hook's log "
+                         "records, else the decider's request count)"))
         print(f"bench: {r.workload.label}: {route}: decider answered {answered} of {len(got)} warm starts; "
               f"floor {r.ms(f'{route}/floor'):.1f} ms, in-process {r.ms(f'{route}/in-process'):.1f}, "
               f"warm {r.ms(f'{route}/warm'):.1f}, stopped {r.ms(f'{route}/stopped'):.1f} "
