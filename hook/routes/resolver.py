@@ -25,7 +25,7 @@ from hook.routes.options import Options
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from hook.sources.cdi.registry import Registry
-    from hook.sources.nvidia.model import Inventory
+    from hook.sources.nvidia.model import Gpu, Inventory, MigDevice
 
 __all__ = ["JIT_PREFIX", "Resolver"]
 
@@ -90,15 +90,28 @@ class Resolver:
         self.no_driver_for.append(f"{req.source}={req.value}")
         return ()
 
-    def inventory(self) -> Inventory:
-        if self._inventory is None:
+    def inventory(self, fresh: bool = False) -> Inventory:
+        if self._inventory is None or fresh:
             from hook.sources.nvidia.inventory import load
 
             cache = Path(self.settings.cache_dir) if self.opts.use_cache else None
             # MIG UUIDs and NVML's G:M order are what /proc lacks; "all" and GPU IDs don't need them.
             need_migs = any(r.kind is Kind.NVIDIA and _is_mig_id(r.value) for r in self.requests.items)
-            self._inventory = load(self.driver_root, self.opts.inventory_file, cache, need_migs)
+            self._inventory = load(self.driver_root, self.opts.inventory_file, cache, need_migs, fresh=fresh)
         return self._inventory
+
+    def resolve(self, value: str, source: str) -> tuple[Gpu | MigDevice, ...]:
+        """The devices ``value`` names; a MIG UUID the cached inventory does not know is looked for
+        once more from /proc and NVML (an instance made since the cache was written) before it is
+        refused. An instance that is gone is never granted: its UUID is in neither."""
+        from hook.sources.nvidia.ids import resolve
+
+        try:
+            return resolve(self.inventory(), [value], source=source)
+        except InputError:
+            if self.inventory().source != "cache" or not value.strip().lower().startswith("mig-"):
+                raise
+            return resolve(self.inventory(fresh=True), [value], source=source)
 
     def access_for(self, node: Node, default: Access) -> Access:
         if node.path.startswith("/dev/nvidia-caps/"):
@@ -143,14 +156,13 @@ class Resolver:
     def from_inventory(self, value: str, source: str) -> tuple[Grant, ...]:
         """An NVIDIA device ID resolved against the host inventory, with its control and DRM nodes."""
         from hook.sources.nvidia.dri import GRAPHICS_CAPABILITIES, dri_nodes
-        from hook.sources.nvidia.ids import resolve
         from hook.sources.nvidia.model import Gpu, MigDevice
         from hook.sources.nvidia.nodes import device_nodes
 
         self.specific_mig |= _is_mig_id(value)
         if value.lower() == "none":
             return self.control()
-        devices = resolve(self.inventory(), [value], source=source)
+        devices = self.resolve(value, source)
         if value.lower() != "all" and any(isinstance(d, MigDevice) for d in devices):
             self.specific_mig = True
         grants = self.grants(device_nodes(self.inventory(), devices)) + self.control()

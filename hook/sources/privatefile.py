@@ -151,8 +151,9 @@ def read_private(directory: str, name: str, limit: int) -> bytes | None:
 
 
 def settings_identity(path: str, st: os.stat_result) -> list[object]:
-    """What ties a fast-path record to one settings file's content (any edit changes it)."""
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+    """What ties a fast-path record to one settings file's content (any edit changes it: an edit in
+    place that keeps the size and puts the mtime back still moves ``st_ctime_ns``)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns]
 
 
 def fastpath_record(data: bytes | None, path: str, st: os.stat_result) -> dict[str, Any] | None:

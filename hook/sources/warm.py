@@ -2,7 +2,7 @@
 
 Rule: off in the per-start hook (every call computes, exactly as before); ``hook serve`` turns it
 on. A view is reused only while the identity it was computed from, ``(st_dev, st_ino, st_size,
-st_mtime_ns)`` of each file it read (taken *before* reading, so a change during the read makes
+st_mtime_ns, st_ctime_ns)`` of each file it read (taken *before* reading, so a change during the read makes
 the next call recompute, never keeps a stale view), is unchanged: the rule the on-disk caches
 already follow. A failed computation is never kept. One slot per file set (settings path, spec
 dirs, checkpoint and pod): a new identity replaces the old view, so memory stays bounded by
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import TypeVar
 
     T = TypeVar("T")
+    Identity = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
 
 __all__ = ["enable", "enabled", "identity", "identities", "remembered"]
 
@@ -42,19 +43,21 @@ def enabled() -> bool:
     return _on
 
 
-def identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int] | None:
-    """``(dev, inode, size, mtime_ns)`` of ``path`` (followed), or None when it cannot be stat'ed
-    (always None while off: the per-start hook makes no extra syscall for a key it never uses)."""
+def identity(path: str | os.PathLike[str]) -> Identity | None:
+    """``(dev, inode, size, mtime_ns, ctime_ns)`` of ``path`` (followed), or None when it cannot be
+    stat'ed (always None while off: the per-start hook makes no extra syscall for a key it never
+    uses). ``ctime`` is what a rewrite in place cannot hide: the same size with the old mtime put
+    back (``touch -r``, ``os.utime``) still moves it, and so does a file made again at the same path."""
     if not _on:
         return None
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def identities(paths: Iterable[str]) -> tuple[tuple[str, tuple[int, int, int, int] | None], ...]:
+def identities(paths: Iterable[str]) -> tuple[tuple[str, Identity | None], ...]:
     return tuple((p, identity(p)) for p in paths)
 
 

@@ -1,6 +1,7 @@
 """The parsed-spec cache: each spec file is parsed once across hook runs.
 
-Rule: an entry is reused only while its file's ``(path, size, mtime_ns, inode)`` is unchanged.
+Rule: an entry is reused only while its file's ``(path, size, mtime_ns, inode, ctime_ns)`` is
+unchanged (``ctime`` moves on every write, also one that keeps the size and restores the mtime).
 The cache is one file written through ``hook.sources.cachefile`` (its directory, open and write rules): a
 JSON header line (magic, format and hook version, per-file key, kind, device names, error, body
 offset and CRC-32) followed by one JSON line per spec body, so a warm load reads and decodes only
@@ -25,16 +26,16 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKe
            "file_key", "read", "write"]
 
 MAGIC: Final = "oci-device-hook/cdi-cache"
-FORMAT_VERSION: Final = 2  # 2: specs decoded the reference way (YAML for every file, Go conversions)
+FORMAT_VERSION: Final = 3  # 2: specs decoded the reference way (YAML, Go conversions); 3: ctime in keys
 CACHE_NAME: Final = "cdi-cache.json"
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 MAX_BYTES: Final = 64 << 20
 
-FileKey = tuple[int, int, int]  # size, mtime_ns, inode
+FileKey = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
 
 
 def file_key(st: os.stat_result) -> FileKey:
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 @record(kw_only=False)

@@ -49,7 +49,7 @@ def _parse_file(path: str) -> tuple[cache.Entry, bytes | None]:
             key = cache.file_key(os.fstat(fh.fileno()))
             data = fh.read()
     except OSError as exc:
-        return cache.Entry(key=(0, 0, 0), error=f"{path}: cannot read: {exc.strerror}"), None
+        return cache.Entry(key=(0, 0, 0, 0), error=f"{path}: cannot read: {exc.strerror}"), None
     raw, problems = spec_problems(data, path)
     if raw is None:
         return cache.Entry(key=key, error="\n".join(str(p) for p in problems)), None
@@ -151,7 +151,7 @@ class Registry:
         bodies: dict[str, bytes] = {}
         keep: dict[str, cache.Entry] = {}
         for path, (_priority, entry) in self._entries.items():
-            if entry.key == (0, 0, 0):
+            if entry.key == (0, 0, 0, 0):
                 continue  # unreadable: nothing worth remembering
             if entry.error is None:
                 body = fresh.get(path) or self._cached_body_bytes(path)

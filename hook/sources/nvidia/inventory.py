@@ -1,7 +1,9 @@
 """The host's NVIDIA inventory: one ``load`` that asks the cheapest source able to answer.
 
 Rule: ``--inventory FILE`` wins; then the cache, valid only for the same boot id, driver
-version, GPU set and MIG instance set; then /proc. NVML is asked only when /proc cannot list the
+version, GPU set and MIG instances, each instance by its incarnation (the identity, ctime
+included, of its GI and CI capability files: an instance destroyed and made again with the same
+GI/CI ids is a new one, with a new UUID); then /proc. NVML is asked only when /proc cannot list the
 GPUs (or their UUIDs), or when MIG devices exist whose UUIDs are needed. Majors and capability
 nodes always come from /proc of this boot, never from the cache.
 """
@@ -9,6 +11,8 @@ nodes always come from /proc of this boot, never from the cache.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
@@ -45,7 +49,7 @@ __all__ = [
 
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 CACHE_NAME: Final = "inventory.json"
-CACHE_FORMAT: Final = 1
+CACHE_FORMAT: Final = 2  # 2: MIG instances keyed by incarnation
 MAX_CACHE_BYTES: Final = 16 << 20
 
 
@@ -59,6 +63,7 @@ class _Proc:
     caps: CapTable
     boot_id: str | None
     warnings: tuple[str, ...]
+    driver_root: str = ""
 
 
 def dumps(inv: Inventory) -> str:
@@ -156,6 +161,7 @@ def _read_proc(driver_root: Path, cache_dir: Path | None = None) -> _Proc:
         caps=caps,
         boot_id=boot_id,
         warnings=warnings + ((note,) if note else ()),
+        driver_root=str(driver_root),
     )
 
 
@@ -163,13 +169,36 @@ def cache_key(proc: _Proc) -> dict[str, Any] | None:
     """What must not change for a cached inventory to stay true; ``None``: do not cache."""
     if proc.boot_id is None or proc.driver_version is None or proc.infos is None:
         return None
+    migs = incarnations(proc.driver_root, proc.caps.instances())
+    if migs is None:
+        return None
     return {
         "version": SNAPSHOT_VERSION,
         "boot_id": proc.boot_id,
         "driver_version": proc.driver_version,
         "gpus": sorted(info.pci_bus_id for info in proc.infos),
-        "mig_instances": [list(key) for key in proc.caps.instances()],
+        "mig_instances": migs,
     }
+
+
+def incarnations(driver_root: str, instances: Iterable[tuple[int, int, int]]) -> list[list[int]] | None:
+    """Each MIG instance with the identity of its GI and CI capability files: ``[gpu minor, gi, ci,
+    then (dev, inode, size, mtime_ns, ctime_ns) of each]``. The driver makes those files when it
+    makes the instance, so ids that come back after a destroy come with new identities (ctime
+    moves even where an inode number is reused). ``None`` (do not cache) when one cannot be stat'ed."""
+    from hook.sources.nvidia.migminors import proc_cap_path
+
+    out: list[list[int]] = []
+    for minor, gi, ci in instances:
+        row = [minor, gi, ci]
+        for name in (f"gpu{minor}/gi{gi}/access", f"gpu{minor}/gi{gi}/ci{ci}/access"):
+            try:
+                st = os.stat(os.path.join(driver_root, proc_cap_path(name)))
+            except (OSError, ValueError):
+                return None
+            row += [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        out.append(row)
+    return out
 
 
 def read_cache(cache_dir: Path, key: dict[str, Any]) -> tuple[Inventory | None, str | None]:
@@ -277,17 +306,20 @@ def load(
     need_migs: bool,
     *,
     nvml_module: ModuleType | Any | None = None,
+    fresh: bool = False,
 ) -> Inventory:
-    """The host inventory: file > cache > /proc > NVML (see the module rule)."""
+    """The host inventory: file > cache > /proc > NVML (see the module rule). ``fresh``: never from
+    the cache (a MIG UUID the cached inventory does not know is looked for again once, this way,
+    before it is refused), which it then rewrites."""
     from hook.sources import warm
 
     if inventory_file is not None:  # the decider keeps it while the file keeps its identity
         path = inventory_file
         return warm.remembered(("inventory", str(path)), warm.identity(path), lambda: read_snapshot(path))
     proc = _read_proc(driver_root, cache_dir)
-    key = cache_key(proc)
+    key = cache_key(proc) if cache_dir is not None else None
     notes: tuple[str, ...] = ()
-    if cache_dir is not None and key is not None:
+    if cache_dir is not None and key is not None and not fresh:
         where = cache_dir
         seen = (json.dumps(key, sort_keys=True), warm.identity(where / CACHE_NAME))
         cached, note = warm.remembered(("inventory-cache", str(where)), seen, lambda: read_cache(where, key))
