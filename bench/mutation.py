@@ -168,6 +168,20 @@ def collect_coverage(
     return cover, info["durations"]
 
 
+def interleave(mutants: Sequence[Mutant]) -> list[Mutant]:
+    """Round-robin over modules (each module's mutants in id order): a run cut by ``--minutes``
+    then leaves every module scored on part of its sample, not the last modules unscored."""
+    by_module: dict[str, list[Mutant]] = {}
+    for m in mutants:
+        by_module.setdefault(m.module, []).append(m)
+    queues = list(by_module.values())
+    out: list[Mutant] = []
+    while queues:
+        out += [q.pop(0) for q in queues]
+        queues = [q for q in queues if q]
+    return out
+
+
 def _commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(
@@ -399,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     claims = read_claims()
     deadline = started + args.minutes * 60 if args.minutes else None
     skipped = 0
+    if args.minutes:
+        mutants = interleave(mutants)
     for i, m in enumerate(mutants, 1):
         if deadline is not None and time.monotonic() > deadline:
             skipped = len(mutants) - i + 1

@@ -20,17 +20,26 @@ SAFETY = (
     "hook/core/hostdev.py",
     "hook/adapters/allowlist.py",
     "hook/adapters/marker.py",
-    "hook/sources/kubelet/checkpoint.py",
+    "hook/sources/kubelet/checkpoint.py",  # kubelet evidence: the device plugins' checkpoint
+    "hook/sources/kubelet/dra.py",  # kubelet evidence: DRA claims
+    "hook/sources/kubelet/podid.py",  # the pod identity
     "hook/sources/cachefile.py",
     "hook/entry.py",
     "hook/routes/fastpath.py",  # entry's fast path, split out of it
     "hook/sources/privatefile.py",  # the fast path's trust-checked reads, split out of it
     "hook/core/requests.py",
     "hook/core/decide.py",
+    "hook/core/rules.py",
+    "hook/core/kpath.py",  # kernel paths: how the kernel and the runtimes resolve a container path
     "hook/adapters/apply/",
     "hook/routes/precreate.py",
     "hook/adapters/specwriter.py",
+    "hook/routes/runtimeargs",  # the runtime command-line reading (and the modules split from it)
+    "hook/routes/serve",  # the decider (and the modules split from it)
+    "hook/routes/client",  # the decider's client
+    "hook/tools/nodefs.py",  # the installer's file writes (inside --root, whole writes)
 )
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +55,16 @@ class Mutant:
         return "\t".join([self.ident, self.module, str(self.occurrence), self.line, self.new, self.origin])
 
 
+def _matches(module: str, entry: str) -> bool:
+    """An entry names a module, a folder (``/`` at the end) or a module stem (no ``.py``: the module
+    and those split from it, e.g. ``hook/routes/serve`` also names ``hook/routes/serve_wire.py``)."""
+    if entry.endswith("/"):
+        return module.startswith(entry)
+    return module == entry or (not entry.endswith(".py") and module.startswith(entry))
+
+
 def is_safety(module: str) -> bool:
-    return any(module == s or (s.endswith("/") and module.startswith(s)) for s in SAFETY)
+    return any(_matches(module, s) for s in SAFETY)
 
 
 def modules(root: Path) -> list[str]:
@@ -56,7 +73,7 @@ def modules(root: Path) -> list[str]:
 
     def rank(m: str) -> tuple[int, str]:
         for i, s in enumerate(SAFETY):
-            if m == s or (s.endswith("/") and m.startswith(s)):
+            if _matches(m, s):
                 return i, m
         return len(SAFETY), m
 
