@@ -185,3 +185,32 @@ def test_precreate_fast_path_never_passes_on_a_config_it_cannot_read(stdin: byte
     opts = {"--config": [str(tmp_path / "absent.yaml")]}
     assert hook.routes.fastpath.precreate_fast(opts, b'{"ociVersion": "1.0.2"}') is True  # the control
     assert hook.routes.fastpath.precreate_fast(opts, stdin) is False
+
+
+@pytest.mark.parametrize(
+    ("path", "kind", "major", "minor"),
+    [
+        *[(p, "c", 195, 0) for p in sorted(hook.routes.fastpath.PLAIN_DEVICES)],  # GPU 0 under a plain name
+        ("/dev/null", "c", 195, 255),  # nvidiactl
+        ("/dev/null", "c", 1, 5),  # /dev/zero's numbers: another plain node's, not this name's
+        ("/dev/null", "b", 1, 3),  # a block device (ramdisk 3)
+    ],
+)
+def test_a_plain_name_counts_as_plain_only_with_its_own_numbers(
+    path: str, kind: str, major: int, minor: int
+) -> None:
+    """Issue 31: the kernel opens a node by its type and numbers, never by its name, so the fast
+    path calls a ``linux.devices`` entry plain only when it carries that name's own numbers
+    (``/dev/null`` made as ``c 195:0`` is GPU 0).
+
+    Why this is pinned although no decision differs today: runc and crun let a container open a
+    node only through ``linux.resources.devices`` and their fixed defaults (all plain numbers), and
+    every allow rule that reaches another number already needs a decision here, so a GPU under a
+    plain name with no such rule is unreachable and the full decision changes nothing for it. The
+    node check is what keeps the fast path a superset of the full decision by itself, without
+    leaning on the rule scan (a runtime or engine that allows each ``linux.devices`` node
+    implicitly would otherwise start such a container undecided)."""
+    node = {**gen.node(path, major, minor), "type": kind}
+    assert needs_decision(_c(devices=[node]), {}) is True
+    plain = gen.node(path, *hook.routes.fastpath.PLAIN_DEVICES[path])
+    assert needs_decision(_c(devices=[plain]), {}) is False  # the control: its own numbers are plain

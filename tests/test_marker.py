@@ -8,11 +8,15 @@ checks (owner, mode, symlinks, a writable dir) are in tests/test_precreate.py.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import pytest
+
 from hook.adapters import marker
 from hook.adapters.marker import KEY_NAME, load_key
+from hook.core.oci import OciConfig, parse_config
 
 
 def _fds() -> set[str]:
@@ -46,3 +50,50 @@ def test_a_cache_dir_that_cannot_be_checked_is_not_safe(tmp_path: Path) -> None:
     """s530669-021: ``_safe_dir`` fails closed when lstat fails (the caller then trusts nothing)."""
     assert marker._safe_dir(tmp_path / "missing") is False
     assert marker._safe_dir(tmp_path) is True
+
+
+# --- issue 31: the marker binds every number of every node -------------------------------------------
+
+NODE_FIELDS = {
+    "minor": 2,  # /dev/nvidia1 now opens GPU 2
+    "major": 237,  # ...or a capability
+    "type": "b",
+    "path": "/dev/nvidia9",
+    "fileMode": 0o600,
+    "uid": 1000,
+    "gid": 1000,
+}
+
+
+def _slice_config(signed: str = "", **node: object) -> OciConfig:
+    """The slice pod's decided config (its card /dev/nvidia1 and the control node), ``node``
+    changing the card, ``signed`` as its marker."""
+    owner = {"fileMode": 0o666, "uid": 0, "gid": 0}
+    card = {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, **owner}
+    ctl = {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, **owner}
+    rules = [
+        {"allow": False, "access": "rwm"},
+        {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rw"},
+        {"allow": True, "type": "c", "major": 195, "minor": 255, "access": "rw"},
+    ]
+    doc = {
+        "ociVersion": "1.0.2",
+        "root": {"path": "rootfs"},
+        "process": {"args": ["sh"], "cwd": "/"},
+        "linux": {"devices": [{**card, **node}, ctl], "resources": {"devices": rules}},
+        "annotations": {marker.ANNOTATION: signed} if signed else {},
+    }
+    return parse_config(json.dumps(doc).encode(), "/b/config.json", "/b")
+
+
+@pytest.mark.parametrize("field", sorted(NODE_FIELDS))
+def test_a_node_changed_after_the_decision_voids_the_marker(field: str) -> None:
+    """A decided config whose node now names another device (another GPU's minor, another major,
+    a block node, another path, other owner or mode) is not the config that was decided: its
+    marker must not verify, so the prestart hook and precreate decide it again."""
+    key = b"k" * marker.KEY_BYTES
+    decided = _slice_config()
+    signed = marker.sign(key, decided, "{}")
+    assert marker.verify(key, _slice_config(signed), "{}")  # the control: it holds as decided
+    moved = _slice_config(signed, **{field: NODE_FIELDS[field]})
+    assert not marker.verify(key, moved, "{}"), f"a node whose {field} changed kept its marker"

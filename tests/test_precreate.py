@@ -124,6 +124,20 @@ def test_a_marker_copied_onto_a_wider_config_is_stale(node: dict[str, Any]) -> N
     assert is_allow_list(rules_of(out)) and nvidia_paths(out) == nvidia_paths(decided)
 
 
+def test_a_decided_node_moved_to_another_gpu_is_decided_again(node: dict[str, Any]) -> None:
+    """Issue 31: the decided config's card node edited to another GPU's minor (rules and marker
+    kept) is not what was decided: precreate decides it again instead of passing it through."""
+    decided = json.loads(precreate(node, example("slice-privileged")).stdout)
+    card = next(d for d in decided["linux"]["devices"] if d["path"] == "/dev/nvidia1")
+    card["minor"] = 2
+    moved = json.dumps(decided).encode()
+    res = precreate(node, moved)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout != moved
+    out = json.loads(res.stdout)
+    assert out["annotations"][ANNOTATION] != decided["annotations"][ANNOTATION]
+
+
 def test_mig_pod_gets_its_cdi_nodes_and_own_caps_only(node: dict[str, Any]) -> None:
     res = precreate(node, example("mig-privileged"))
     assert res.returncode == 0, res.stderr

@@ -95,6 +95,35 @@ def test_command_lines_that_create_nothing_pass(args: list[str]) -> None:
     assert cfg(args) is None
 
 
+# runc's bool flags (Go's flag package) take ``=false`` as false: ``--help=false`` or ``-v=0`` is
+# no help and no version, the command runs; crun's argp refuses a value on its help/version options
+GO_FALSE_SPELLINGS = [
+    ["--help=false", "create", "-b", "A", "id"], ["-help=0", "create", "-b", "A", "id"],
+    ["-h=f", "create", "-b", "A", "id"], ["--version=FALSE", "create", "-b", "A", "id"],
+    ["-v=False", "run", "-b", "A", "id"], ["create", "--help=false", "-b", "A", "id"],
+    ["create", "-b", "A", "-h=F", "id"], ["run", "-help=0", "--bundle=A", "id"],
+    ["--debug=false", "--systemd-cgroup=0", "create", "-b", "A", "id"],
+]  # fmt: skip
+GO_TRUE_SPELLINGS = [
+    ["--help=true", "create", "-b", "A", "id"], ["-v=1", "create", "-b", "A", "id"],
+    ["create", "--help=T", "-b", "A", "id"], ["run", "-h=TRUE", "-b", "A", "id"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", GO_FALSE_SPELLINGS, ids=" ".join)
+def test_a_runc_bool_flag_set_to_false_is_off_and_the_create_is_read(args: list[str]) -> None:
+    """Issue 31: ``runc --help=false create ...`` creates the container (runc reads the bool flag
+    as Go's ``strconv.ParseBool`` does), so the wrapper must read its bundle, not pass it through as
+    a help request; crun refuses the line, so runc's reading is the only one and it is decided."""
+    assert cfg(args) == "A/config.json"
+    assert read_runc_1_1(args) == read_runc_1_2(args) is not None
+
+
+@pytest.mark.parametrize("args", GO_TRUE_SPELLINGS, ids=" ".join)
+def test_a_runc_bool_flag_set_to_true_prints_and_creates_nothing(args: list[str]) -> None:
+    assert cfg(args) is None
+
+
 @pytest.mark.parametrize(
     ("args", "why"),
     [
@@ -135,6 +164,7 @@ PROBES = RUNC_SPELLINGS + CRUN_SPELLINGS + [
     ["create", "-bundle=A", "id"], ["create", "-b=A", "id"],
     ["create", "--pid-file", "--bundle", "A", "id"], ["create", "x", "-b", "A", "-b", "B"],
     ["create", "--console-socket", "--bundle", "A", "id"], ["--log", "create", "run", "-b", "B", "id"],
+    *GO_FALSE_SPELLINGS, *GO_TRUE_SPELLINGS,
 ]  # fmt: skip
 
 
