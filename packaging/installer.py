@@ -1,6 +1,6 @@
 # oci-device-hook installer (Python part), run by ./installer beside it: on the bundled interpreter,
 # or on the node's python3 for a package built without one. Same isolation as the launcher; see
-# hook/tools/install.py.
+# hook/tools/install/.
 import os
 import sys
 
@@ -12,6 +12,6 @@ if sys.version_info < (3, 11):
     sys.exit(1)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "lib"))
 
-from hook.tools.install import main  # noqa: E402
+from hook.tools.install.main import main  # noqa: E402
 
 sys.exit(main())

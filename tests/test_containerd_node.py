@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 
 from hook.core.errors import HookError
-from hook.tools import install, nodefs
+from hook.tools import nodefs
+from hook.tools.install import containerd as ictd
+from hook.tools.install import main as imain
+from hook.tools.install import node as inode
 from tests.test_install import Node, make_tree, needs_python
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespace)")
@@ -172,11 +175,11 @@ def test_resolve_in_root_keeps_absolute_links_and_dotdot_inside(tmp_path: Path) 
         r(str(root), "etc/containerd")
 
 
-def _root_node(root: Path, *extra: str) -> install.Node:
-    opts = install._parser().parse_args(
+def _root_node(root: Path, *extra: str) -> inode.Node:
+    opts = imain._parser().parse_args(
         ["install", "--root", str(root), "--libexec", "/opt/odh", "--state-dir", "/var/lib/odh", *extra]
     )
-    return install.Node(str(root), opts)
+    return inode.Node(str(root), opts)
 
 
 def _wrapper(root: Path, libexec: str = "/opt/odh") -> None:
@@ -198,21 +201,21 @@ def test_a_symlinked_config_is_edited_inside_the_root_and_restored(tmp_path: Pat
     _wrapper(root)
     node = _root_node(root)
     rec: dict[str, Any] = {}
-    assert install._register_containerd(node, rec)
+    assert ictd.register_handlers(node, rec)
     assert link.is_symlink() and os.readlink(link) == "/etc/k8s/containerd.toml"
     got = dump(real)
     assert runtimes(got)["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
     assert runtimes(got)["runc"]["options"]["SystemdCgroup"] is True
     assert cri(got)["sandbox_image"] == "registry.example/pause:3.9"
-    assert install._unregister_containerd(node, rec["containerd"])
+    assert ictd.restore_handlers(node, rec["containerd"])
     assert real.read_text() == NODE_CONFIG and link.is_symlink()
 
 
 def test_node_paths_that_are_not_absolute_are_refused(tmp_path: Path) -> None:
     _wrapper(tmp_path)
     node = _root_node(tmp_path, "--containerd-config", "etc/containerd/config.toml")
-    with pytest.raises(install.InstallError, match="must be absolute"):
-        install._register_containerd(node, {})
+    with pytest.raises(inode.InstallError, match="must be absolute"):
+        ictd.register_handlers(node, {})
 
 
 # --- 5c and issue 22 item 3: imports, k3s/rke2, what containerd runs -----------------------------------
@@ -230,17 +233,17 @@ DROP_IN = textwrap.dedent(f"""\
     """)
 
 
-def _local_node(base: Path) -> install.Node:
+def _local_node(base: Path) -> inode.Node:
     """Node paths under ``base`` on this filesystem (``--root /``), so containerd reads them too."""
-    opts = install._parser().parse_args([
+    opts = imain._parser().parse_args([
         "install", "--root", "/", "--libexec", f"{base}/libexec", "--state-dir", f"{base}/state",
         "--containerd-config", f"{base}/etc/containerd/config.toml", "--etc", f"{base}/etc/odh",
     ])  # fmt: skip
     _wrapper(Path("/"), f"{base}/libexec")
-    return install.Node("/", opts)
+    return inode.Node("/", opts)
 
 
-def _drop_in_node(base: Path) -> tuple[install.Node, Path, Path]:
+def _drop_in_node(base: Path) -> tuple[inode.Node, Path, Path]:
     conf = base / "etc/containerd/config.toml"
     (base / "etc/containerd/conf.d").mkdir(parents=True)
     conf.write_text(f'imports = ["{base}/etc/containerd/conf.d/*.toml"]\n' + NODE_CONFIG)
@@ -263,7 +266,7 @@ def test_handlers_in_an_imported_drop_in_are_registered_as_containerd_reads_them
     before = (conf.read_text(), drop.read_text())
     assert cri(dump(conf))["containerd"]["default_runtime_name"] == "nvidia"
     rec: dict[str, Any] = {}
-    assert install._register_containerd(node, rec)
+    assert ictd.register_handlers(node, rec)
     got = dump(conf)
     wrapped = _all_wrapped(got, node.opts.libexec)
     assert wrapped["nvidia"] == f"{tmp_path}/libexec/handlers/nvidia", wrapped
@@ -274,7 +277,7 @@ def test_handlers_in_an_imported_drop_in_are_registered_as_containerd_reads_them
 
     assert doctor.check_containerd(conf, node.opts.libexec).ok
     assert doctor.check_containerd(conf, node.opts.libexec, binary=None).ok  # the model without the binary
-    assert install._unregister_containerd(node, rec["containerd"])
+    assert ictd.restore_handlers(node, rec["containerd"])
     assert (conf.read_text(), drop.read_text()) == before
 
 
@@ -300,11 +303,11 @@ def test_imports_containerd_reads_differently_are_refused_with_one_line(tmp_path
     before = conf.read_text()
     conf.write_text(before.replace(f"{tmp_path}/etc/containerd/conf.d/*.toml", "conf.d/*.toml"))
     with pytest.raises(HookError, match="relative glob") as refused:
-        install._register_containerd(node, {})
+        ictd.register_handlers(node, {})
     assert "\n" not in str(refused.value)
     conf.write_text(before.replace("*.toml", "missing.toml"))
     with pytest.raises(HookError, match="imported but absent"):
-        install._register_containerd(node, {})
+        ictd.register_handlers(node, {})
     assert drop.read_text() == DROP_IN
 
 
@@ -369,7 +372,7 @@ def test_k3s_shaped_node_registers_the_template_that_wins(tmp_path: Path, distro
     _wrapper(root)
     node = _root_node(root)
     rec: dict[str, Any] = {}
-    assert install._register_containerd(node, rec)
+    assert ictd.register_handlers(node, rec)
     tmpl = etc / "config.toml.tmpl"
     for path in (tmpl, etc / "config.toml"):
         rt = runtimes(tomllib.loads(path.read_text()))
@@ -378,7 +381,7 @@ def test_k3s_shaped_node_registers_the_template_that_wins(tmp_path: Path, distro
         assert runtimes(dump(tmpl))["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
     report, _ = doctor.run_doctor(root, [], [], root / "none.yaml", "text", host_root=root)
     assert f"{etc}/config.toml" in report  # doctor finds the config k3s's containerd runs
-    assert install._unregister_containerd(node, rec["containerd"])
+    assert ictd.restore_handlers(node, rec["containerd"])
     assert not tmpl.exists() and (etc / "config.toml").read_text() == K3S_RENDERED
 
 
@@ -393,15 +396,15 @@ def test_k3s_v3_template_and_go_templates(tmp_path: Path) -> None:
     _wrapper(root)
     node = _root_node(root)
     rec: dict[str, Any] = {}
-    assert install._register_containerd(node, rec)
+    assert ictd.register_handlers(node, rec)
     rt = runtimes(tomllib.loads((etc / "config-v3.toml.tmpl").read_text()))
     assert rt["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
     assert (etc / "config.toml.tmpl").read_text().startswith("# an old template")
-    assert install._unregister_containerd(node, rec["containerd"])
+    assert ictd.restore_handlers(node, rec["containerd"])
     assert (etc / "config-v3.toml.tmpl").read_text() == v3
     (etc / "config-v3.toml.tmpl").write_text('{{ template "base" . }}\n')
-    with pytest.raises(install.InstallError, match="Go template"):
-        install._register_containerd(node, {})
+    with pytest.raises(inode.InstallError, match="Go template"):
+        ictd.register_handlers(node, {})
 
 
 ROOT_E2E = r"""
@@ -478,6 +481,6 @@ def test_restart_on_k3s_restarts_the_agent_that_embeds_containerd(
 
     monkeypatch.setattr(node, "run", run)
     rec: dict[str, Any] = {}
-    assert install._register_containerd(node, rec)
-    install._restart(node, install._containerd_unit(node, rec))
+    assert ictd.register_handlers(node, rec)
+    ictd.restart_engine(node, ictd.engine_unit(node, rec))
     assert calls[-1] == ["systemctl", "restart", "k3s-agent"]

@@ -28,7 +28,8 @@ SHELL = {
     "routes/live.py",
     "routes/precreate.py",
     "__main__.py",
-    "tools/install.py",
+    "tools/install/main.py",
+    "tools/install/node.py",  # say(): the installer's one-line messages
     "routes/serve.py",
     "routes/wrapper.py",
 }

@@ -1,4 +1,4 @@
-"""Issue 15 items 1-3: the node installer (hook/tools/install.py), engine registration, upgrades.
+"""Issue 15 items 1-3: the node installer (hook/tools/install/), engine registration, upgrades.
 
 Every install here goes to a temp directory standing in for the node's libexec, hooks.d, etc and
 state directories (``--root /`` with node paths under ``tmp_path``), so nothing reaches the

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.tools import install
 from hook.tools.doctor import LIBEXEC, installed_prefix
+from hook.tools.install import main as install
 
 
 def _layout(base: Path, lib: str) -> str:

@@ -1,0 +1,268 @@
+"""Install, register, upgrade, roll back and uninstall the hook on a node (the DaemonSet's work).
+
+Rule: the imperative shell around ``hook.tools.engines``. Each version lives in its own directory,
+``<prefix>/versions/<version>``, with its own interpreter (the tree's bundled ``python/``, started
+through its own loader, so the node's python3 and libc play no part) or, only when the operator
+names one with ``--python``, on the node's Python; one symlink, ``<prefix>/current``, is switched
+by renaming a new symlink over it, so a hook that has started keeps importing from the version it
+started with (each version's launcher names that version's paths). The prefix is a setting
+(``--prefix``): ``/usr/libexec/oci-device-hook`` by default, a writable, exec-able path such as
+``/opt/oci-device-hook`` or ``/home/kubernetes/bin/oci-device-hook`` where ``/usr`` is read-only.
+Nothing is registered before the new version's interpreter runs it inside the node's root.
+Every change to an engine's config is recorded in ``<state>/install.json`` with what it replaced,
+so uninstall undoes exactly that and nothing else. Engines are restarted only when asked.
+
+Paths given as options are the node's paths (what the engine reads); ``--root`` says where the
+node's filesystem is mounted (``/host`` in the DaemonSet) and ``chroot`` runs the node's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from hook.core.errors import HookError, InputError
+from hook.tools import engines
+from hook.tools.install.containerd import (
+    containerd_wanted,
+    engine_unit,
+    register_handlers,
+    restart_engine,
+    restore_handlers,
+)
+from hook.tools.install.hooksd import hooks_files, is_ours, register_hooks_d
+from hook.tools.install.layout import (
+    bundled_version,
+    check_paths,
+    check_python,
+    place_settings,
+    prune,
+    stage_version,
+    switch,
+    tree_version,
+)
+from hook.tools.install.node import DEFAULTS, PKG, PLAIN_PATH, InstallError, Node, say
+from hook.tools.install.state import RECORD, leave_pass_throughs, read_record, tasks_naming, write_record
+
+DPKG_LIST = "/var/lib/dpkg/info/oci-device-hook.list"
+
+
+def install(node: Node) -> int:
+    opts = node.opts
+    src = Path(opts.src)
+    dpkg_owned = opts.libexec == DEFAULTS["libexec"]  # the .deb's files live there
+    if dpkg_owned and node.path(DPKG_LIST).exists():
+        why = "installed by dpkg on this node: `installer register` registers its engines"
+        raise InstallError("dpkg", PKG, why)
+    for option, value in (("--prefix", opts.libexec), ("--python", opts.python or "/usr/bin/python3")):
+        if not PLAIN_PATH.fullmatch(value):
+            raise InstallError(option, value, "expected a plain absolute path")  # a launcher names it
+    check_paths(node)
+    python_version = check_python(node) if opts.python else f"{bundled_version(src)} (bundled)"
+    version = tree_version(src)
+    rec = read_record(node)
+    if rec.get("containerd") and rec.get("libexec", opts.libexec) != opts.libexec:
+        # containerd's shims keep the wrapper's path for as long as their containers live
+        raise InstallError(
+            "--libexec",
+            opts.libexec,
+            f"containerd runs the wrapper from {rec['libexec']}: an upgrade keeps "
+            "that path (uninstall first to move it)",
+        )
+    stage_version(node, src, version)
+    settings_changed = place_settings(node, version, Path(opts.settings) if opts.settings else None, src)
+    switch(node, version)
+    rec.update(version=version, python=python_version, libexec=opts.libexec, mode=opts.mode)
+    history = [v for v in rec.get("history", []) if v != version] + [version]
+    rec["history"] = history[-10:]
+    rec["hooks_files"] = register_hooks_d(node, src, rec)
+    rec["hooks_file"] = rec["hooks_files"][0]
+    write_record(node, rec)
+    changed = False
+    if containerd_wanted(node):
+        changed = register_handlers(node, rec)
+    rec["versions"] = prune(node, opts.keep, rec["history"])
+    write_record(node, rec)
+    if changed and opts.restart_engine:
+        restart_engine(node, engine_unit(node, rec))
+    where = f"hooks.d ({', '.join(rec['hooks_files'])})" + (", containerd" if "containerd" in rec else "")
+    note = f"; {settings_changed}" if settings_changed else ""
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
+    return 0
+
+
+def register(node: Node) -> int:
+    """The engine step alone, for a hook installed by other means (the .deb ships the hooks.d
+    file and the wrapper): containerd's handlers, recorded like an install's so ``unregister``
+    (the .deb's prerm on remove) undoes exactly that."""
+    opts = node.opts
+    if opts.engine == "hooks.d" or not containerd_wanted(node):
+        say("no containerd on this node: nothing to register (hooks.d engines read the packaged file)")
+        return 0
+    rec = read_record(node)
+    if rec.get("version") and not rec.get("registered_only"):
+        raise InstallError(
+            opts.state_dir, RECORD, "installed by the installer: `installer install` registers"
+        )
+    rec.update(libexec=opts.libexec, registered_only=True)
+    changed = register_handlers(node, rec)
+    write_record(node, rec)
+    if changed and opts.restart_engine:
+        restart_engine(node, engine_unit(node, rec))
+    files = ", ".join(f["path"] for f in rec["containerd"]["files"])
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    say(
+        f"registered containerd ({files}){restart}" if changed else f"containerd already registered ({files})"
+    )
+    return 0
+
+
+def unregister(node: Node) -> int:
+    """Undo ``register``: containerd's handlers back as they were, the shims and the record gone."""
+    opts = node.opts
+    rec = read_record(node)
+    state = rec.get("containerd")
+    if not state or not rec.get("registered_only"):
+        say("nothing registered by `installer register` on this node")
+        return 0
+    changed = restore_handlers(node, state)
+    for shim in state.get("shims", []):
+        node.path(shim, follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(f"{rec.get('libexec') or opts.libexec}/handlers").rmdir()
+    node.path(f"{opts.state_dir}/{RECORD}", follow=False).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        node.path(opts.state_dir).rmdir()
+    if changed and opts.restart_engine:
+        restart_engine(node, engine_unit(node, rec))
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    say(f"unregistered containerd{restart}")
+    return 0
+
+
+def apply_settings(node: Node) -> int:
+    """Re-apply ``--settings`` to the installed version (the DaemonSet's ConfigMap watch)."""
+    rec = read_record(node)
+    if not rec.get("version") or not node.opts.settings:
+        raise InstallError(node.opts.state_dir, "version", "not installed, or no --settings given")
+    done = place_settings(node, rec["version"], Path(node.opts.settings), Path(node.opts.src))
+    if done:
+        say(done)
+    return 0
+
+
+def uninstall(node: Node) -> int:
+    opts = node.opts
+    rec = read_record(node)
+    if rec.get("registered_only"):  # the files are dpkg's: only the engine step is ours to undo
+        why = "registered by `installer register`: `installer unregister` undoes it"
+        raise InstallError(opts.state_dir, RECORD, why)
+    hooks_file = node.path(f"{opts.hooks_dir}/{engines.HOOKS_NAME}", follow=False)
+    if not rec and not node.path(opts.libexec).exists() and not hooks_file.exists():
+        say(f"nothing to remove under {node.root}: not installed (no {opts.state_dir}/{RECORD}, "
+             f"no {opts.libexec})")
+        return 0
+    libexec = rec.get("libexec") or opts.libexec  # the install's own prefix: no --prefix to undo it
+    for path in {*hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
+        target = node.path(path, follow=False)
+        if target.exists() and is_ours(target, libexec):
+            target.unlink()
+    changed = False
+    state = rec.get("containerd")
+    if state:
+        # the handlers first: a config that cannot be restored stops here with the wrapper still
+        # deciding, never with a pass-through the config still names
+        changed = restore_handlers(node, state)
+    left = leave_pass_throughs(node, rec, libexec)
+    if state:
+        for shim in state.get("shims", []):
+            if shim not in left:
+                node.path(shim).unlink(missing_ok=True)
+        if state.get("backup"):
+            node.path(state["backup"]).unlink(missing_ok=True)
+    base = node.path(libexec)
+    for name in ("hook", "runtime", "installer", "current"):
+        p = base / name
+        if (p.is_symlink() or p.is_file()) and f"{libexec}/{name}" not in left:
+            p.unlink()
+    for name in ("versions", "handlers", "lib"):
+        if name != "handlers" or not any(x.startswith(f"{libexec}/handlers/") for x in left):
+            shutil.rmtree(base / name, ignore_errors=True)
+    (node.path(opts.state_dir) / RECORD).unlink(missing_ok=True)
+    for d in (base, node.path(opts.state_dir)):
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only when empty: whatever else is there is not ours
+    if opts.purge:
+        shutil.rmtree(node.path(opts.etc), ignore_errors=True)
+    if changed and opts.restart_engine:
+        restart_engine(node, engine_unit(node, rec))
+    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    say(f"removed{' ' + rec['version'] if rec.get('version') else ''}{restart}")
+    if left:
+        tasks = tasks_naming(node, left)
+        say(
+            f"left pass-throughs to the real runtime at {', '.join(left)}: containerd shims of containers "
+            "created through the wrapper still run them; delete them once containerd runs its restored "
+            f"config and no task started before now is left ({tasks} under {opts.containerd_state} now)"
+        )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="installer", description="install oci-device-hook on a node")
+    p.add_argument("action", choices=["install", "uninstall", "settings", "status", "register", "unregister"])
+    p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
+    p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
+    p.add_argument("--prefix", "--libexec", dest="libexec", default=DEFAULTS["libexec"],
+                   help="where the hook goes on the node (a read-only /usr: /opt/oci-device-hook, ...)")
+    p.add_argument("--hooks-dir", default=DEFAULTS["hooks_dir"])
+    p.add_argument("--etc", default=DEFAULTS["etc"])
+    p.add_argument("--state-dir", default=DEFAULTS["state_dir"])
+    p.add_argument("--containerd-config", default=DEFAULTS["containerd_config"])
+    p.add_argument("--containerd-state", default=DEFAULTS["containerd_state"], help="containerd's state dir")
+    p.add_argument("--python", default="", help="run the hook on this node interpreter (>= 3.11) instead of "
+                   "the bundled one")
+    p.add_argument("--engine", choices=["auto", "hooks.d", "containerd", "all"], default="auto")
+    p.add_argument("--mode", choices=["prestart", "precreate"], default="prestart", help="hooks.d stage")
+    p.add_argument("--settings", default="", help="settings file to apply when it differs (a ConfigMap)")
+    p.add_argument("--restart-engine", action="store_true", help="restart containerd when its config changed")
+    p.add_argument("--keep", type=int, default=3, help="versions kept for rollback")
+    p.add_argument("--purge", action="store_true", help="uninstall: also remove the settings directory")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _parser().parse_args(argv)
+    if not opts.src:
+        # this file is <tree>/usr/libexec/oci-device-hook/lib/hook/tools/install/main.py
+        opts.src = str(Path(os.path.realpath(__file__)).parents[7])
+    node = Node(opts.root, opts)
+    try:
+        if opts.action == "install":
+            return install(node)
+        if opts.action == "uninstall":
+            return uninstall(node)
+        if opts.action == "settings":
+            return apply_settings(node)
+        if opts.action == "register":
+            return register(node)
+        if opts.action == "unregister":
+            return unregister(node)
+        print(json.dumps(read_record(node), indent=2, sort_keys=True))
+        return 0
+    except (HookError, InputError) as exc:
+        say(str(exc))
+        return exc.exit_code
+    except OSError as exc:
+        say(f"{exc.filename or ''}: {exc.strerror or exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
