@@ -186,7 +186,7 @@ def test_edits(row: dict[str, Any], tmp_path: Path, capsys: Any) -> None:
             "devices": [{"name": "dev", "containerEdits": row["edits"]}]}
     _write(specs, {"spec.json": json.dumps(spec)})
     cfg = config([], annotations={"cdi.k8s.io/conformance": "vendor.com/device=dev"})
-    cfg["linux"]["devices"] = []
+    cfg["linux"]["devices"] = list(row.get("config_devices") or [])  # nodes the engine already wrote
     cfg["linux"]["resources"]["devices"] = []
     if row.get("user_namespace"):
         cfg["linux"]["namespaces"].append({"type": "user"})

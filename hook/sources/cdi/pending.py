@@ -3,7 +3,8 @@
 Rule: a CDI-aware engine (CRI-O, containerd with CDI on) applies the edits itself, and applying
 them again would repeat mounts, hooks and cgroup rules; an engine that did not leaves them to us.
 "Already there" is read the way the reference library would overwrite it: a node is there only
-when the first ``linux.devices`` entry at its path is the same device (type, major, minor: the
+when the first ``linux.devices`` entry at its path is the same entry (type, major, minor, and the
+``fileMode``, ``uid`` and ``gid`` the edit writes: the reference replaces the node whole; the
 first is also the one runc creates, a later one fails with EEXIST and is ignored), a mount only
 when the first entry at its destination has the same source, options and type. Anything else is
 applied, which replaces that entry (the reference's ``RemoveDevice``/``AddDevice``,
@@ -17,6 +18,11 @@ from typing import Any
 from hook.sources.cdi.edits import CdiDeviceNode, ContainerEdits, Mount, mount_entry, node_entry
 
 __all__ = ["pending"]
+
+
+# what the reference's AddDevice writes: the whole entry replaces the config's (nothing of the old
+# node is kept), so a config node that differs in any of these is not "already there"
+NODE_FIELDS = ("type", "major", "minor", "fileMode", "uid", "gid")
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -51,7 +57,7 @@ def pending(config: dict[str, Any], edits: ContainerEdits) -> ContainerEdits:
 
     def node_there(n: CdiDeviceNode) -> bool:
         old, new = _first(devices, "path", n.path), node_entry(config, n)
-        return old is not None and all(_same(k, old.get(k), new.get(k)) for k in ("type", "major", "minor"))
+        return old is not None and all(_same(k, old.get(k), new.get(k)) for k in NODE_FIELDS)
 
     def mount_there(m: Mount) -> bool:
         old, new = _first(mounts, "destination", m.container_path), mount_entry(config, m)
