@@ -28,6 +28,9 @@ SAFETY = (
     "hook/routes/fastpath.py",  # entry's fast path, split out of it
     "hook/sources/privatefile.py",  # the fast path's trust-checked reads, split out of it
     "hook/core/requests.py",
+    "hook/core/asks.py",
+    "hook/core/kubeasks.py",
+    "hook/core/accel.py",
     "hook/core/decide.py",
     "hook/core/rules.py",
     "hook/core/kpath.py",  # kernel paths: how the kernel and the runtimes resolve a container path

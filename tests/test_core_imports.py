@@ -11,6 +11,10 @@ HOOK = Path(__file__).resolve().parents[1] / "hook"
 CORE = (
     "core/decide.py",
     "core/requests.py",
+    "core/reqtypes.py",
+    "core/accel.py",
+    "core/asks.py",
+    "core/kubeasks.py",
     "core/plan.py",
     "core/rules.py",
     "core/report.py",

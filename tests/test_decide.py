@@ -376,20 +376,26 @@ def test_containerd_privileged_shape_plugin_nodes_duplicated(tmp_path: Path, cap
 
 
 def test_crio_privileged_shape_annotation_visible(tmp_path: Path, capsys) -> None:
-    """CRI-O: host devices, allow-all after clearing, CDI node rule appended; the annotation is visible."""
+    """CRI-O: host devices, allow-all after clearing, CDI node rule appended; the annotation is
+    visible, and the kubelet's checkpoint carries it (the plugin's cdi-annotations answer, issue 28)."""
     rules = [*ALLOW_ALL, {"allow": True, "type": "c", "major": 195, "minor": 4, "access": "rwm"}]
+    plugin = {"cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=4"}
     cfg = config(
         ["NVIDIA_VISIBLE_DEVICES=void"],
         privileged=True,
         devices=host_devices(),
         rules=rules,
         annotations={
-            "cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=4",
+            **plugin,
             "io.kubernetes.pod.uid": "u1",
             "io.kubernetes.container.name": "c",
+            "io.kubernetes.cri-o.ContainerID": "abc",
         },
     )
-    _rc, rep, _ = decide_for(tmp_path, cfg, capsys)
+    cfg["linux"]["cgroupsPath"] = "/kubepods/podu1/crio-abc"
+    resp = alloc_resp(annotations=plugin)
+    entry = checkpoint_entry("nvidia.com/gpu", ["x"], resp, pod_uid="u1", container="c")
+    _rc, rep, _ = decide_for(tmp_path, cfg, capsys, ckpt=checkpoint([entry]))
     narrowed_to(rep, {GPU[4]})
 
 
@@ -516,12 +522,16 @@ def test_checkpoint_absent_uses_other_evidence(tmp_path: Path, capsys) -> None:
 
 
 def test_checkpoint_corrupt_warns_and_uses_other_evidence(tmp_path: Path, capsys) -> None:
+    """A corrupt checkpoint is a warning, and the other evidence is weighed; a pod's own CDI
+    annotation is not evidence (issue 28): this privileged pod has no allocation anyone vouches for."""
     cfg = _priv(annotations={**POD_ANNOTATIONS, "cdi.k8s.io/x": "nvidia.com/gpu=2"})
     _rc, rep, _ = decide_for(tmp_path, cfg, capsys, ckpt=b"{corrupt")
-    narrowed_to(rep, {GPU[2]})
-    (warning,) = rep["warnings"]
-    assert warning.startswith(f"{tmp_path / 'ckpt'}: not valid JSON")
-    assert warning.endswith("; using the other evidence")
+    left_alone(rep)
+    ignored, corrupt = rep["warnings"]
+    assert corrupt.startswith(f"{tmp_path / 'ckpt'}: not valid JSON")
+    assert corrupt.endswith("; using the other evidence")
+    assert ignored.startswith("annotation cdi.k8s.io/x=nvidia.com/gpu=2 ignored: the kubelet's checkpoint")
+    assert f"{tmp_path / 'ckpt'} is corrupt" in ignored
 
 
 def test_checkpoint_for_another_pod_is_ignored(tmp_path: Path, capsys) -> None:

@@ -42,6 +42,8 @@ HOOK_MODULES = {
     "hook.core.record", "hook.core.rules",
     "hook.core.oci", "hook.core.plan",
     "hook.sources.kubelet.checkpoint", "hook.sources.settingsfile", "hook.core.requests",
+    # issue 30: requests split by concern (values, what the engine gave, own asks, the kubelet's word)
+    "hook.core.reqtypes", "hook.core.accel", "hook.core.asks", "hook.core.kubeasks",
     "hook.core.decide", "hook.routes.gather", "hook.core.report",
     "hook.routes.options", "hook.routes.resolver", "hook.routes.hostscan", "hook.sources.inputfile",
     "hook.sources.kubelet.view",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from hook.core.hostdev import HOST_DEV, shared_mount
+from hook.core.kubelet import SANDBOX, UNTRUSTED
 from hook.core.oci import OciConfig
 from hook.core.plan import Node, Plan, Verdict
 from hook.core.record import field, record
@@ -214,10 +215,17 @@ def _off_host_dev(
     return kept_create, kept_remove
 
 
+_NOTHING_ALLOCATED = {
+    UNTRUSTED: "(none: no trusted pod identity, so nothing is allocated)",
+    SANDBOX: "(none: a pod's sandbox container is allocated no device)",
+}
+
+
 def _allocation_names(requests: Requests) -> str:
     vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin]
     if not vals:
-        return "(none: the kubelet allocated this container no GPU)"
+        state = requests.kubelet.state if requests.kubelet is not None else ""
+        return _NOTHING_ALLOCATED.get(state, "(none: the kubelet allocated this container no GPU)")
     return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
 
 

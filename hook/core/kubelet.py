@@ -14,7 +14,10 @@ TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from hook.core.claims import DraView
 
-__all__ = ["Allocation", "Pod", "Kubelet"]
+__all__ = ["Allocation", "Pod", "Kubelet", "UNTRUSTED", "SANDBOX"]
+
+UNTRUSTED = "untrusted"  # the annotations name a pod, but not as one engine wrote them
+SANDBOX = "sandbox"  # the pod's sandbox (pause) container, told by its engine's own key
 
 
 @record
@@ -49,7 +52,9 @@ class Kubelet:
     ``state``: ``read`` (the file parsed; ``allocations`` is this container's whole allocation,
     possibly none), or ``absent`` / ``unreadable`` / ``corrupt`` (nothing known), or
     ``untrusted``: the annotations name a pod but not as one engine wrote it (``problem`` says
-    why), so the checkpoint was not consulted and no env request counts. ``dra_view`` is the
+    why), so the checkpoint was not consulted and nothing counts as allocated; or ``sandbox``: the
+    pod's sandbox (pause) container, which the kubelet never allocates a device (``pod.container``
+    is ""). ``dra_view`` is the
     kubelet's DRA state about the pod (hook.sources.kubelet.dra), read whatever the checkpoint's state.
     """
 

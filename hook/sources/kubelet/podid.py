@@ -19,7 +19,12 @@ cgroup ``crio-<id>`` (cgroupfs) or ``<slice>:crio:<id>`` (systemd) and writes th
 ``io.kubernetes.cri.sandbox-id`` (``getCgroupsPath``, ``DefaultCRIAnnotations``). Only that
 engine's keys are read. When the other engine's identity keys are present and disagree, or pod
 identity keys come without any engine's marks, there is no trusted identity: the caller counts
-no allocation, ignores env requests and says why.
+no allocation, ignores every request, narrows every over-grant and says why.
+
+The pod's sandbox (pause) container is told the same way, by its engine's own key alone:
+containerd's ``io.kubernetes.cri.container-type`` and CRI-O's ``io.kubernetes.cri-o.ContainerType``
+are ``sandbox`` there (containerd ``internal/cri/annotations``, cri-o ``internal/annotations``);
+each engine writes its own keys after a pod's, so a pod cannot unmake its sandbox.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from collections.abc import Mapping
 from hook.core.kubelet import Pod
 from hook.core.record import record
 
-__all__ = ["CONTAINERD", "CRIO", "Identity", "identify", "cgroup_engine"]
+__all__ = ["CONTAINERD", "CRIO", "CONTAINER_TYPE", "Identity", "identify", "cgroup_engine"]
 
 CONTAINERD = "containerd"
 CRIO = "cri-o"
@@ -50,21 +55,24 @@ KEYS = {
 }
 CONTAINERD_SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
 CRIO_CONTAINER_ID = "io.kubernetes.cri-o.ContainerID"
+CONTAINER_TYPE = {CONTAINERD: "io.kubernetes.cri.container-type", CRIO: "io.kubernetes.cri-o.ContainerType"}
 _HEX = frozenset("0123456789abcdef")
 
 
 @record
 class Identity:
     """``engine``: whose keys were read ("" when none could be told); ``pod``: None outside
-    Kubernetes or when untrusted; ``problem``: why pod identity keys give no trusted identity."""
+    Kubernetes or when untrusted; ``problem``: why pod identity keys give no trusted identity;
+    ``sandbox``: the engine's own key says this is the pod's sandbox container."""
 
     engine: str
     pod: Pod | None
     problem: str = ""
+    sandbox: bool = False  # the pod's sandbox (pause) container: ``pod.container`` is ""
 
     @property
     def kubernetes(self) -> bool:
-        return self.pod is not None or bool(self.problem)
+        return self.pod is not None or bool(self.problem) or self.sandbox
 
 
 def cgroup_engine(cgroups_path: str) -> tuple[str, str]:
@@ -122,6 +130,9 @@ def identify(annotations: Mapping[str, str], cgroups_path: str) -> Identity:
             f"{' and '.join(clash)}: no pod identity is trusted",
         )
     uid, container, namespace, name = own
+    if annotations.get(CONTAINER_TYPE[engine]) == "sandbox":  # no container name: the pod's own
+        pod = Pod(uid=uid, container="", namespace=namespace, name=name)
+        return Identity(engine=engine, pod=pod, sandbox=True)
     if not (uid and container):
         return Identity(engine=engine, pod=None)
     return Identity(engine=engine, pod=Pod(uid=uid, container=container, namespace=namespace, name=name))

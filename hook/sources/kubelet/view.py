@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from hook.core.errors import InputError
+from hook.core.kubelet import SANDBOX, UNTRUSTED
 from hook.core.settings import Settings
 from hook.sources.inputfile import read_limited, read_regular
 from hook.sources.kubelet import checkpoint as ckpt
@@ -36,17 +37,20 @@ def kubelet_view(
 
     Never raises: a missing, unreadable or corrupt file is a state the decision weighs (and a
     warning), so a container that asks for no device always starts. A pod identity that is not
-    its engine's own (``hook.sources.kubelet.podid``) consults neither: state ``untrusted``.
+    its engine's own (``hook.sources.kubelet.podid``) consults neither: state ``untrusted``; nor
+    does the pod's sandbox container, which the kubelet never allocates a device: ``sandbox``.
     """
     ident = identify(annotations, cgroups_path)
+    if ident.sandbox and ident.pod is not None:
+        return ckpt.Kubelet(pod=ident.pod, checkpoint="", state=SANDBOX, engine=ident.engine)
     if ident.pod is None:
         if not ident.problem:
             return None
-        consequence = "no allocation counts and env requests are ignored"
+        consequence = "a Kubernetes container with no allocation: no request counts, over-grants are narrowed"
         warnings.append(f"no trusted pod identity: {ident.problem}; {consequence}")
         anonymous = ckpt.Pod(uid="", container="", namespace="", name="")
         checkpoint = settings.kubelet_checkpoint
-        return ckpt.Kubelet(pod=anonymous, checkpoint=checkpoint, state="untrusted", problem=ident.problem)
+        return ckpt.Kubelet(pod=anonymous, checkpoint=checkpoint, state=UNTRUSTED, problem=ident.problem)
     pod, engine = ident.pod, ident.engine
     from hook.sources import warm
 
