@@ -281,6 +281,41 @@ def test_handlers_in_an_imported_drop_in_are_registered_as_containerd_reads_them
     assert (conf.read_text(), drop.read_text()) == before
 
 
+def _cri_drop_in(comment: str, body: str) -> str:
+    return f'version = 2\n# {comment}\n[plugins."{CRI}"]\n  {body}\n'
+
+
+@needs_containerd
+def test_the_implicit_runc_handler_is_registered_in_the_last_file_with_a_cri_table(tmp_path: Path) -> None:
+    """Issue 31: no file names a handler, so pods run containerd's implicit ``runc``; two drop-ins
+    each carry a CRI table, a third one loaded last has none. containerd 1.x keeps only the last
+    CRI table (a later file replaces a plugin's table whole), so the ``runc`` handler the installer
+    makes explicit must go into that file: in an earlier one 1.x drops it (pods start without the
+    wrapper); in the last file, a new CRI table there drops the node's own CRI settings."""
+    conf = tmp_path / "etc/containerd/config.toml"
+    (tmp_path / "etc/containerd/conf.d").mkdir(parents=True)
+    conf.write_text(
+        f'version = 2\nimports = ["{tmp_path}/etc/containerd/conf.d/*.toml"]\n'
+        f'[plugins."{CRI}"]\n  sandbox_image = "registry.example/pause:3.9"\n'
+    )
+    first = tmp_path / "etc/containerd/conf.d/10-cdi.toml"
+    first.write_text(_cri_drop_in("CDI on", "enable_cdi = true"))
+    last = tmp_path / "etc/containerd/conf.d/20-sandbox.toml"
+    last.write_text(_cri_drop_in("the sandbox image the node image pins", 'sandbox_image = "pause:3.10"'))
+    other = tmp_path / "etc/containerd/conf.d/30-opt.toml"  # loaded after it, but no CRI table
+    other.write_text(f'version = 2\n[plugins."io.containerd.internal.v1.opt"]\n  path = "{tmp_path}/opt"\n')
+    assert runtimes(dump(conf)).keys() <= {"runc"}  # before: the implicit handler only
+    node = _local_node(tmp_path)
+    rec: dict[str, Any] = {}
+    assert install._register_containerd(node, rec)
+    got = dump(conf)
+    assert cri(got)["sandbox_image"] == "pause:3.10"  # the last file's table is the one containerd kept
+    assert _all_wrapped(got, node.opts.libexec) == {"runc": f"{tmp_path}/libexec/runtime"}
+    assert "runtimes.runc" in last.read_text()
+    assert "runtimes" not in other.read_text() + first.read_text()
+    assert install._unregister_containerd(node, rec["containerd"])
+
+
 @needs_containerd
 def test_doctor_judges_the_drop_in_that_makes_nvidia_the_default(tmp_path: Path) -> None:
     """The main config registered (today's installer result), a drop-in then replaces the CRI table."""
