@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from hook.tools import doctor
+from hook.tools import checks, doctor, doctorctd
 from hook.tools.engines import StageHooks, base_spec_hooks, runs_after_nvidia
 
-OURS = f"{doctor.LIBEXEC}/hook"
+OURS = f"{checks.LIBEXEC}/hook"
 # NVIDIA's entries as its toolkit writes them (nvidia-container-toolkit: the legacy runtime hook,
 # the toolkit symlink, and CDI-generated `nvidia-ctk hook <name>` entries).
 LEGACY = {
@@ -108,25 +108,25 @@ def test_doctor_base_spec(tmp_path: Path, template: str) -> None:
     plugin = "io.containerd.grpc.v1.cri" if template is V2 else "io.containerd.cri.v1.runtime"
     field = f'plugins."{plugin}".containerd.runtimes.runc.base_runtime_spec'
 
-    missing = doctor.check_base_spec(cfg)
+    missing = doctorctd.check_base_spec(cfg)
     assert len(missing) == 1  # only the handler naming a base spec
     assert not missing[0].ok and str(base) in missing[0].detail and field in missing[0].detail
 
     base.write_text("{not json")
-    bad = doctor.check_base_spec(cfg)[0]
+    bad = doctorctd.check_base_spec(cfg)[0]
     assert not bad.ok and "not readable JSON" in bad.detail and field in bad.detail
 
     base.write_text(json.dumps(_spec(prestart=[MINE, LEGACY])))
-    before = doctor.check_base_spec(cfg)[0]
+    before = doctorctd.check_base_spec(cfg)[0]
     assert not before.ok and "ours runs before NVIDIA's" in before.detail
     assert before.name == "containerd base spec (runc)" and str(base) in before.fix
 
     base.write_text(json.dumps(_spec(prestart=[LEGACY, MINE])))
-    after = doctor.check_base_spec(cfg)[0]
+    after = doctorctd.check_base_spec(cfg)[0]
     assert after.ok and "ours prestart #1" in after.detail and "runs after" in after.detail
 
     base.write_text(json.dumps(_spec(prestart=[LEGACY])))
-    absent = doctor.check_base_spec(cfg)[0]
+    absent = doctorctd.check_base_spec(cfg)[0]
     assert absent.ok and "ours not registered; NVIDIA's hook present" in absent.detail
 
 
@@ -142,4 +142,4 @@ def test_doctor_base_spec_in_run(tmp_path: Path) -> None:
     cfg.write_text(V2.replace('  base_runtime_spec = "{base}"\n', ""))
     out, _ = doctor.run_doctor(tmp_path, [], [], tmp_path / "none.yaml", "json", containerd_config=cfg)
     assert not any(c["name"].startswith("containerd base spec") for c in json.loads(out))
-    assert doctor.check_base_spec(tmp_path / "absent.toml") == []
+    assert doctorctd.check_base_spec(tmp_path / "absent.toml") == []

@@ -273,10 +273,10 @@ def test_handlers_in_an_imported_drop_in_are_registered_as_containerd_reads_them
     assert set(wrapped.values()) <= {f"{tmp_path}/libexec/runtime", f"{tmp_path}/libexec/handlers/nvidia"}
     assert cri(got)["containerd"]["default_runtime_name"] == "nvidia"
     assert "# the GPU operator's drop-in" in drop.read_text()
-    from hook.tools import doctor
+    from hook.tools import doctorctd
 
-    assert doctor.check_containerd(conf, node.opts.libexec).ok
-    assert doctor.check_containerd(conf, node.opts.libexec, binary=None).ok  # the model without the binary
+    assert doctorctd.check_containerd(conf, node.opts.libexec).ok
+    assert doctorctd.check_containerd(conf, node.opts.libexec, binary=None).ok  # the model without the binary
     assert ictd.restore_handlers(node, rec["containerd"])
     assert (conf.read_text(), drop.read_text()) == before
 
@@ -319,17 +319,17 @@ def test_the_implicit_runc_handler_is_registered_in_the_last_file_with_a_cri_tab
 @needs_containerd
 def test_doctor_judges_the_drop_in_that_makes_nvidia_the_default(tmp_path: Path) -> None:
     """The main config registered (today's installer result), a drop-in then replaces the CRI table."""
-    from hook.tools import doctor, engines
+    from hook.tools import doctorctd, engines
 
     node, conf, drop = _drop_in_node(tmp_path)
     drop.unlink()
     libexec = node.opts.libexec
     text, _ = engines.register_containerd(conf.read_text(), str(conf), {}, f"{libexec}/runtime")
     conf.write_text(text)
-    assert doctor.check_containerd(conf, libexec).ok
+    assert doctorctd.check_containerd(conf, libexec).ok
     drop.write_text(DROP_IN)
-    for binary in (doctor.containerd_binary(), None):  # containerd's dump, and the model without it
-        check = doctor.check_containerd(conf, libexec, binary=binary)
+    for binary in (doctorctd.containerd_binary(), None):  # containerd's dump, and the model without it
+        check = doctorctd.check_containerd(conf, libexec, binary=binary)
         assert not check.ok and "nvidia (default)" in check.detail, check
 
 
@@ -349,7 +349,7 @@ def test_imports_containerd_reads_differently_are_refused_with_one_line(tmp_path
 def test_doctor_on_a_host_where_containerd_is_installed_but_not_running(tmp_path: Path) -> None:
     import socket
 
-    from hook.tools import doctor
+    from hook.tools import checks, doctor, doctorhooks
 
     conf = tmp_path / "config.toml"
     conf.write_text(NODE_CONFIG + f'[grpc]\n  address = "{tmp_path}/c.sock"\n')
@@ -362,11 +362,11 @@ def test_doctor_on_a_host_where_containerd_is_installed_but_not_running(tmp_path
     hook.chmod(0o755)
     doc = {
         "version": "1.0.0",
-        "hook": {"path": doctor.HOOK_PATH},
+        "hook": {"path": checks.HOOK_PATH},
         "when": {"always": True},
         "stages": ["prestart"],
     }
-    (hooks / doctor.HOOKS_FILE).write_text(json.dumps(doc))
+    (hooks / doctorhooks.HOOKS_FILE).write_text(json.dumps(doc))
 
     def containerd_line() -> str:
         report, _ = doctor.run_doctor(

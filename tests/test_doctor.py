@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hook.tools import doctor
+from hook.tools import checks, doctor, doctorhooks
 from tests.hosttree import make_host_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def host(tmp_path: Path) -> dict[str, Path]:
     hooks.mkdir()
     doc = json.loads((REPO / "nvidia-hook.json").read_text())
     doc["hook"]["path"] = str(exe)
-    (hooks / doctor.HOOKS_FILE).write_text(json.dumps(doc))
+    (hooks / doctorhooks.HOOKS_FILE).write_text(json.dumps(doc))
     mounts = tmp_path / "mounts"
     mounts.write_text(V1_HYBRID)
     settings = tmp_path / "config.yaml"
@@ -143,42 +143,42 @@ def test_cgroup_versions(tmp_path: Path) -> None:
 def test_hooks_file_missing(host: dict[str, Path], tmp_path: Path) -> None:
     empty = tmp_path / "empty-hooks"
     empty.mkdir()
-    check = doctor.check_hooks([empty, tmp_path / "absent"])
+    check = doctorhooks.check_hooks([empty, tmp_path / "absent"])
     assert not check.ok and "oci-device-hook.json" in check.fix
 
 
 def test_hooks_file_pointing_at_missing_binary(host: dict[str, Path]) -> None:
     host["exe"].unlink()
-    check = doctor.check_hooks([host["hooks"]])
+    check = doctorhooks.check_hooks([host["hooks"]])
     assert not check.ok and "not an executable" in check.detail
 
 
 def test_hooks_file_with_wrong_stage_or_no_when(host: dict[str, Path]) -> None:
-    path = host["hooks"] / doctor.HOOKS_FILE
+    path = host["hooks"] / doctorhooks.HOOKS_FILE
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "stages": ["poststop"]}))
-    assert not doctor.check_hooks([host["hooks"]]).ok
+    assert not doctorhooks.check_hooks([host["hooks"]]).ok
     path.write_text(json.dumps({**doc, "when": {}}))
-    assert not doctor.check_hooks([host["hooks"]]).ok
+    assert not doctorhooks.check_hooks([host["hooks"]]).ok
     path.write_text("{not json")
-    assert not doctor.check_hooks([host["hooks"]]).ok
+    assert not doctorhooks.check_hooks([host["hooks"]]).ok
 
 
 def test_later_hooks_dir_overrides_earlier(host: dict[str, Path], tmp_path: Path) -> None:
     override = tmp_path / "etc-hooks.d"
     override.mkdir()
-    (override / doctor.HOOKS_FILE).write_text('{"version": "0.1.0"}')
-    assert not doctor.check_hooks([host["hooks"], override]).ok
-    assert doctor.check_hooks([override, host["hooks"]]).ok
+    (override / doctorhooks.HOOKS_FILE).write_text('{"version": "0.1.0"}')
+    assert not doctorhooks.check_hooks([host["hooks"], override]).ok
+    assert doctorhooks.check_hooks([override, host["hooks"]]).ok
 
 
 def test_hooks_file_under_another_name_is_found(host: dict[str, Path]) -> None:
-    (host["hooks"] / doctor.HOOKS_FILE).rename(host["hooks"] / "50-gpu.json")
+    (host["hooks"] / doctorhooks.HOOKS_FILE).rename(host["hooks"] / "50-gpu.json")
     doc = json.loads((host["hooks"] / "50-gpu.json").read_text())
-    assert not doctor.check_hooks([host["hooks"]]).ok  # it points at a test binary, not HOOK_PATH
-    doc["hook"]["path"] = doctor.HOOK_PATH
+    assert not doctorhooks.check_hooks([host["hooks"]]).ok  # it points at a test binary, not HOOK_PATH
+    doc["hook"]["path"] = checks.HOOK_PATH
     (host["hooks"] / "50-gpu.json").write_text(json.dumps(doc))
-    check = doctor.check_hooks([host["hooks"]])
+    check = doctorhooks.check_hooks([host["hooks"]])
     assert "50-gpu.json" in check.detail
 
 

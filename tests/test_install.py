@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from hook.core.errors import InputError
-from hook.tools import doctor, engines
+from hook.tools import checks, doctorctd, doctorhooks, engines
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "packaging"
@@ -368,13 +368,13 @@ def test_installer_registers_containerd_handlers_and_restores_the_file(node: Nod
         in shim.read_text()
     )
     assert node.containerd.stat().st_mode & 0o777 == 0o600
-    check = doctor.check_containerd(node.containerd, str(node.libexec))
+    check = doctorctd.check_containerd(node.containerd, str(node.libexec))
     assert check.ok and "nvidia (default), runc" in check.detail, check
     _ok(node.installer("install", tree))  # an upgrade: nothing more to edit, nothing to undo twice
     assert [len(f["edits"]) for f in node.record()["containerd"]["files"]] == [2]
     _ok(node.installer("uninstall", tree))
     assert node.containerd.read_text() == GPU_OPERATOR_V2
-    assert not doctor.check_containerd(node.containerd, str(node.libexec)).ok
+    assert not doctorctd.check_containerd(node.containerd, str(node.libexec)).ok
 
 
 @needs_python
@@ -483,21 +483,21 @@ def test_installer_orders_after_nvidia_and_doctor_checks_it(node: Node, tree: Pa
     nvidia = {"version": "1.0.0", "when": {"always": True}, "stages": ["prestart"], "hook": hook}
     (node.hooks / "oci-nvidia-hook.json").write_text(json.dumps(nvidia))
     (node.hooks / "oci-device-hook.json").write_text(
-        json.dumps({**nvidia, "hook": {"path": doctor.HOOK_PATH}})
+        json.dumps({**nvidia, "hook": {"path": checks.HOOK_PATH}})
     )
-    bad = doctor.check_hooks_order([node.hooks])
+    bad = doctorhooks.check_hooks_order([node.hooks])
     assert not bad.ok and "ours runs before NVIDIA's hook" in bad.detail
     (node.hooks / "oci-device-hook.json").unlink()
     _ok(node.installer("install", tree, "--engine", "hooks.d", "--mode", "precreate"))
     assert sorted(p.name for p in node.hooks.iterdir()) == [
         "oci-device-hook-precreate.json", "oci-nvidia-hook.json", "zz-oci-device-hook.json"
     ]  # fmt: skip
-    good = doctor.check_hooks_order([node.hooks], str(node.libexec))
+    good = doctorhooks.check_hooks_order([node.hooks], str(node.libexec))
     assert good.ok and "precreate (spec level), prestart (live) after NVIDIA's hook" in good.detail, good
     doc = json.loads((node.hooks / "oci-device-hook-precreate.json").read_text())
     assert doc["stages"] == ["precreate"] and doc["hook"]["args"][:2] == ["hook", "precreate"]
     assert json.loads((node.hooks / "zz-oci-device-hook.json").read_text())["stages"] == ["prestart"]
-    live = doctor.check_hooks([node.hooks])
+    live = doctorhooks.check_hooks([node.hooks])
     assert live.ok and live.detail.startswith(str(node.hooks / "zz-oci-device-hook.json")), live
     _ok(node.installer("install", tree, "--engine", "hooks.d"))  # back to prestart only
     assert sorted(p.name for p in node.hooks.iterdir()) == ["oci-nvidia-hook.json", "zz-oci-device-hook.json"]
@@ -697,18 +697,18 @@ def _podman_case(node: Node, tree: Path, short: Path) -> None:
 
 def test_doctor_containerd_states(tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
-    assert doctor.check_containerd(cfg).ok  # absent: not a containerd node
+    assert doctorctd.check_containerd(cfg).ok  # absent: not a containerd node
     cfg.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".cni]\n  bin_dir = "/usr/lib/cni"\n')
-    bare = doctor.check_containerd(cfg, binary=None)  # read here: containerd's implicit runc handler
+    bare = doctorctd.check_containerd(cfg, binary=None)  # read here: containerd's implicit runc handler
     assert not bare.ok and "implicit runc handler not registered" in bare.detail
-    if doctor.containerd_binary():  # containerd's own dump lists that handler
-        dumped = doctor.check_containerd(cfg)
+    if doctorctd.containerd_binary():  # containerd's own dump lists that handler
+        dumped = doctorctd.check_containerd(cfg)
         assert not dumped.ok and "runc (default) not registered" in dumped.detail
-    new, _ = engines.register_containerd(cfg.read_text(), str(cfg), {}, f"{doctor.LIBEXEC}/runtime")
+    new, _ = engines.register_containerd(cfg.read_text(), str(cfg), {}, f"{checks.LIBEXEC}/runtime")
     cfg.write_text(new)
-    assert doctor.check_containerd(cfg).ok
+    assert doctorctd.check_containerd(cfg).ok
     cfg.write_text("version = 1\n[plugins.cri]\n")
-    assert "version 1 is not supported" in doctor.check_containerd(cfg).detail
+    assert "version 1 is not supported" in doctorctd.check_containerd(cfg).detail
 
 
 @needs_python

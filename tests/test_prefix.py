@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hook.tools.doctor import LIBEXEC, installed_prefix
+from hook.tools.checks import LIBEXEC
+from hook.tools.doctor import installed_prefix
 from hook.tools.install import main as install
 
 

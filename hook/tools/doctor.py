@@ -8,48 +8,18 @@ fails (exit 1) when any check fails.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from hook.core.record import asdict, record
+from hook.tools.checks import LIBEXEC, Check, render
+from hook.tools.doctorctd import check_base_spec, check_containerd, node_config
+from hook.tools.doctorhooks import check_hooks, check_hooks_order
 
-__all__ = [
-    "HOOK_PATH",
-    "HOOKS_FILE",
-    "Check",
-    "check_base_spec",
-    "check_cdi",
-    "check_cgroup",
-    "check_driver",
-    "check_hooks",
-    "check_kubelet",
-    "check_kubelet_dra",
-    "check_settings",
-    "render",
-    "run_doctor",
-]
-
-HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
-LIBEXEC = "/usr/libexec/oci-device-hook"
-CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
-HOOKS_FILE = "oci-device-hook.json"
-LATE_HOOKS_FILE = "zz-oci-device-hook.json"  # the installer's name where NVIDIA's hooks.d file is present
-DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
-HOOK_STAGES = frozenset({"prestart", "createRuntime"})
 REQUIRED_MAJORS = ("nvidia", "nvidia-uvm", "nvidia-caps")
+
+
 CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-@record(kw_only=False)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
 
 
 def _char_majors(text: str) -> dict[str, int]:
@@ -164,289 +134,6 @@ def check_cgroup(mounts_file: Path = Path("/proc/self/mounts")) -> Check:
     )
 
 
-def _effective_hooks_file(hooks_dirs: Sequence[Path]) -> Path | None:
-    """The file an engine would use: same file name in a later directory replaces an earlier one."""
-    found: Path | None = None
-    for directory in hooks_dirs:
-        candidates = [directory / HOOKS_FILE, directory / LATE_HOOKS_FILE]  # the installer's two names
-        if directory.is_dir():
-            candidates += sorted(directory.glob("*.json"))
-        for path in candidates:
-            if path.is_file() and (path.name in (HOOKS_FILE, LATE_HOOKS_FILE) or _points_at_hook(path)):
-                found = path
-                break
-    return found
-
-
-def _points_at_hook(path: Path) -> bool:
-    try:
-        hook = json.loads(path.read_text()).get("hook", {})
-    except (OSError, ValueError, AttributeError):
-        return False
-    stages = json.loads(path.read_text()).get("stages") or []
-    live = isinstance(stages, list) and bool(HOOK_STAGES & set(stages))  # not a precreate-only file
-    return isinstance(hook, dict) and hook.get("path") == HOOK_PATH and live
-
-
-def _hooks_problem(path: Path) -> str:
-    """'' when the hooks.d file is usable, else what an engine would reject or skip."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{path}: not readable JSON ({exc})"
-    hook = doc.get("hook") if isinstance(doc, dict) else None
-    if not isinstance(hook, dict) or doc.get("version") != "1.0.0":
-        return f"{path}: expected version 1.0.0 with a hook object"
-    target = hook.get("path")
-    if not isinstance(target, str) or not os.access(target, os.X_OK) or not Path(target).is_file():
-        return f"{path}: hook.path {target!r} is not an executable file"
-    stages = doc.get("stages")
-    if not isinstance(stages, list) or not HOOK_STAGES & set(stages):
-        return f"{path}: stages {stages!r} name neither prestart nor createRuntime"
-    if not doc.get("when"):
-        return f"{path}: no 'when' condition, so the hook never matches"
-    return ""
-
-
-def check_hooks(hooks_dirs: Sequence[Path]) -> Check:
-    """The hooks.d file is installed in an engine's hooks directory and points at the hook."""
-    fix = f"install nvidia-hook.json as {DEFAULT_HOOKS_DIR}/{HOOKS_FILE} (see docs/operators.md)"
-    path = _effective_hooks_file(hooks_dirs)
-    if path is None:
-        return Check("hooks.d", False, f"no {HOOKS_FILE} in {', '.join(map(str, hooks_dirs))}", fix)
-    problem = _hooks_problem(path)
-    if problem:
-        return Check("hooks.d", False, problem, fix)
-    return Check("hooks.d", True, f"{path} → {json.loads(path.read_text())['hook']['path']}")
-
-
-def _hooks_docs(hooks_dirs: Sequence[Path]) -> dict[str, Any]:
-    """File name → decoded hooks.d JSON as an engine sees them (a later dir's file replaces one
-    of the same name)."""
-    docs: dict[str, Any] = {}
-    for directory in hooks_dirs:
-        if not directory.is_dir():
-            continue
-        for path in sorted(directory.glob("*.json")):
-            try:
-                docs[path.name] = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-    return docs
-
-
-def check_hooks_order(hooks_dirs: Sequence[Path], libexec: str = LIBEXEC) -> Check:
-    """CRI-O/podman: which stage (mode) our hooks.d file registers, and that it runs after
-    NVIDIA's hook in a stage they share (engines order a stage's hooks by file name)."""
-    from hook.tools.engines import hooks_order
-
-    docs = _hooks_docs(hooks_dirs)
-    ours = [n for n, d in docs.items() if isinstance(d, dict) and _is_our_hook(d, libexec)]
-    if not ours:
-        return Check("hooks.d order", True, "not registered through hooks.d (nothing to order)")
-    stages = sorted({str(s) for n in ours for s in docs[n].get("stages") or ()})
-    mode = ", ".join(f"{s} ({'spec level' if s == 'precreate' else 'live'})" for s in stages)
-    order = hooks_order(docs, [HOOK_PATH, *(str(docs[n]["hook"]["path"]) for n in ours)])
-    for stage, names in order.items():
-        mine = [i for i, n in enumerate(names) if n in ours]
-        theirs = [i for i, n in enumerate(names) if n not in ours]
-        if mine and theirs and min(mine) < max(theirs):
-            return Check(
-                "hooks.d order",
-                False,
-                f"{stage}: {' then '.join(names)}: ours runs before NVIDIA's hook",
-                "reinstall (the installer names the file zz-oci-device-hook.json when NVIDIA's is present)",
-            )
-    after = " after NVIDIA's hook" if any(len(v) > 1 for v in order.values()) else ""
-    return Check("hooks.d order", True, f"{', '.join(ours)}: {mode}{after}")
-
-
-def _is_our_hook(doc: dict[str, Any], libexec: str) -> bool:
-    hook = doc.get("hook")
-    path = hook.get("path") if isinstance(hook, dict) else None
-    return path in (HOOK_PATH, f"{libexec}/hook")
-
-
-CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
-CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
-K3S_SOCKET = "/run/k3s/containerd/containerd.sock"  # k3s and rke2 alike
-K3S_CONFIGS = tuple(f"/var/lib/rancher/{d}/agent/etc/containerd/config.toml" for d in ("k3s", "rke2"))
-
-
-def _host_reader() -> tuple[Any, Any]:
-    def read(path: str) -> str | None:
-        try:
-            return Path(path).read_text()
-        except FileNotFoundError:
-            return None
-
-    def listdir(path: str) -> list[str]:
-        try:
-            return sorted(os.listdir(path))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    return read, listdir
-
-
-def containerd_binary() -> str | None:
-    """The node's containerd, whose own ``config dump`` says what it runs with."""
-    return next((b for b in CONTAINERD_BINARIES if os.access(b, os.X_OK)), None)
-
-
-def _dumped(binary: str, config: Path) -> tuple[int, list[Any], str]:
-    """(version, handlers) as ``containerd --config F config dump`` reads F and its imports."""
-    import subprocess
-
-    from hook.tools.engines import config_version, cri_plugin, handlers_in, parse
-
-    proc = subprocess.run(
-        [binary, "--config", str(config), "config", "dump"],
-        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise ValueError(
-            f"containerd cannot load it: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
-        )
-    doc = parse(proc.stdout, f"{binary} config dump")
-    version = config_version(doc, False)
-    if cri_plugin(version) not in (doc.get("plugins") or {}):
-        raise LookupError("the CRI plugin is disabled: no handlers in the dump")
-    return version, handlers_in(doc, version), str(doc.get("grpc", {}).get("address") or "")
-
-
-def _judge(config: Path, how: str, version: int, found: list[Any], libexec: str) -> Check:
-    from hook.tools.engines import RUNC_TYPES
-
-    fix = "run the installer (packaging/kubernetes; a .deb: installer register) and restart containerd"
-    where = f"{config} ({how})"
-    runc = [h for h in found if h.runtime_type in RUNC_TYPES]
-    if not runc:
-        return Check("containerd", False, f"{where}: containerd's implicit runc handler not registered", fix)
-    ours = {f"{libexec}/runtime"} | {f"{libexec}/handlers/{h.name}" for h in runc}
-    names = {h.name: f"{h.name}{' (default)' if h.default else ''}" for h in runc}
-    missing = [names[h.name] for h in runc if h.binary not in ours]
-    if missing:
-        return Check("containerd", False, f"{where}: handler(s) {', '.join(missing)} not registered", fix)
-    listed = ", ".join(names.values())
-    return Check(
-        "containerd", True, f"{config} (version {version}, {how}): {listed} run the wrapper (spec level)"
-    )
-
-
-def _socket_listens(path: str) -> bool:
-    import socket
-    import stat
-
-    try:
-        if not stat.S_ISSOCK(os.stat(path).st_mode):
-            return False
-    except OSError:
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2)
-        try:
-            sock.connect(path)
-        except OSError:
-            return False
-    return True
-
-
-def check_containerd(
-    config: Path,
-    libexec: str = LIBEXEC,
-    *,
-    binary: str | None = "",
-    socket_path: str = "",
-    stopped_ok: bool = False,
-) -> Check:
-    """containerd: every runc-type runtime handler of the configuration containerd actually runs
-    (its own ``config dump`` where the binary is there, else ``config`` and its imports under
-    both merge rules, ``hook.tools.ctdconfig``) runs the runtime wrapper (spec-level mode).
-
-    With ``stopped_ok`` (the whole checklist), a containerd that is not running (nothing listens
-    on its socket) is reported, not failed: a podman host may have the package and its config
-    without running it."""
-    from hook.tools import ctdconfig, engines
-
-    if not config.exists():
-        return Check("containerd", True, f"{config} absent: containerd not configured on this node")
-    binary = containerd_binary() if binary == "" else binary
-    address = ""
-    try:
-        read, listdir = _host_reader()
-        files, version = ctdconfig.load(str(config), read, listdir)  # refuses what the installer would
-        address = str(engines.parse(files[0].text, str(config)).get("grpc", {}).get("address") or "")
-        dumped: tuple[int, list[Any], str] | None = None
-        if binary:
-            with contextlib.suppress(LookupError):  # CRI disabled: judged from the files below
-                dumped = _dumped(binary, config)
-        if dumped is not None:
-            version, found, dumped_address = dumped
-            address = dumped_address or address
-            check = _judge(config, "containerd config dump", version, found, libexec)
-        else:
-            check = Check("containerd", True, "")
-            for rule in ctdconfig.RULES:
-                how = f"{len(files)} file(s), containerd {'1.x' if rule == 'replace' else '2.x'} merge"
-                found = ctdconfig.effective_handlers(files, version, rule)
-                check = _judge(config, how, version, found, libexec)
-                if not check.ok:
-                    break
-    except Exception as exc:  # a doctor reports; it never crashes on what it inspects
-        check = Check("containerd", False, str(exc), "fix the config, then run the installer")
-    k3s = any(str(config).endswith(k) for k in K3S_CONFIGS)  # k3s passes its socket on the command line
-    sock = socket_path or address or (K3S_SOCKET if k3s else CONTAINERD_SOCKET)
-    if stopped_ok and not check.ok and not _socket_listens(sock):
-        return Check(
-            "containerd", True, f"installed but not running (nothing listens on {sock}): {check.detail}"
-        )
-    return check
-
-
-def _base_spec_check(handler: str, field: str, spec_file: str, libexec: str) -> Check:
-    from hook.tools.engines import base_spec_hooks, runs_after_nvidia
-
-    name = f"containerd base spec ({handler})"
-    where = f"{spec_file} (from {field})"
-    try:
-        spec = json.loads(Path(spec_file).read_text())
-    except (OSError, ValueError) as exc:
-        return Check(name, False, f"{where}: not readable JSON ({exc})", f"fix or remove {field}")
-    if not isinstance(spec, dict):
-        return Check(name, False, f"{where}: not a JSON object", f"fix or remove {field}")
-    found = base_spec_hooks(spec, [HOOK_PATH, f"{libexec}/hook"])
-    ours = ", ".join(f"{s} #{i}" for s, h in found.items() for i in h.ours) or "not registered"
-    nvidia = "NVIDIA's hook present" if any(h.nvidia for h in found.values()) else "no NVIDIA hook"
-    detail = f"{where}: ours {ours}; {nvidia}"
-    after = runs_after_nvidia(found)
-    if after is False:
-        fix = f"in {spec_file}, move the {libexec}/hook entry after NVIDIA's (prestart runs first)"
-        return Check(name, False, f"{detail}; ours runs before NVIDIA's", fix)
-    return Check(name, True, f"{detail}{'; ours runs after it' if after else ''}")
-
-
-def check_base_spec(config: Path, libexec: str = LIBEXEC) -> list[Check]:
-    """containerd: for each runtime handler with a ``base_runtime_spec``, whether that OCI spec
-    registers our hook, and whether it runs after NVIDIA's hook (runc runs prestart, then
-    createRuntime, each in array order); ``[]`` when no handler names a base spec."""
-    from hook.tools import ctdconfig
-    from hook.tools.engines import cri_plugin
-
-    try:
-        read, listdir = _host_reader()
-        files, version = ctdconfig.load(str(config), read, listdir)
-        found = ctdconfig.effective_handlers(files, version, "merge")
-    except Exception:  # check_containerd reports an unreadable config already
-        return []
-    prefix = f'plugins."{cri_plugin(version)}".containerd.runtimes'
-    return [
-        _base_spec_check(h.name, f"{config}: {prefix}.{h.name}.base_runtime_spec", h.base_spec, libexec)
-        for h in found
-        if h.base_spec
-    ]
-
-
 def check_settings(settings_file: Path) -> Check:
     """The settings file is valid YAML with known keys (a missing file means defaults)."""
     try:
@@ -504,20 +191,6 @@ def check_kubelet_dra(settings_file: Path, root: Path = Path("/")) -> Check:
     return Check("kubelet DRA", *dra_coverage(settings_file, root))
 
 
-def render(checks: Sequence[Check], fmt: str) -> str:
-    """Text checklist for people, or a JSON list of {name, ok, detail, fix} for programs."""
-    if fmt == "json":
-        return json.dumps([asdict(c) for c in checks], indent=2)
-    lines = ["oci-device-hook doctor"]
-    for c in checks:
-        lines.append(f"{'✓' if c.ok else '✗'} {c.name}: {c.detail}")
-        if not c.ok and c.fix:
-            lines.append(f"    fix: {c.fix}")
-    passed = sum(c.ok for c in checks)
-    lines.append(f"{passed} of {len(checks)} checks passed")
-    return "\n".join(lines)
-
-
 def installed_prefix(hook_dir: str) -> str:
     """The install prefix this hook runs from (``hook_dir``: the ``hook`` package's directory):
     ``<prefix>/lib/hook`` (the .deb) or ``<prefix>/versions/<v>/lib/hook`` (the installer), where
@@ -528,14 +201,6 @@ def installed_prefix(hook_dir: str) -> str:
     if lib.name != "lib" or not (base / "launcher.py").is_file():
         return LIBEXEC
     return str(base.parent.parent) if base.parent.name == "versions" else str(base)
-
-
-def _containerd_config(host_root: Path) -> Path:
-    """/etc/containerd/config.toml, or on a k3s/rke2 node the config its containerd runs."""
-    for k3s in K3S_CONFIGS:
-        if (host_root / k3s.lstrip("/")).is_file():
-            return host_root / k3s.lstrip("/")
-    return CONTAINERD_CONFIG
 
 
 def run_doctor(
@@ -554,7 +219,7 @@ def run_doctor(
 
     hooks.d (CRI-O, podman) and containerd are checked each; a node needs one of them, so the
     one that is not registered fails only when the other is not registered either."""
-    config = containerd_config or _containerd_config(host_root)
+    config = containerd_config or node_config(host_root)
     prefix = installed_prefix(str(Path(__file__).parent.parent))  # the hook package: this is hook/tools/
     containerd_check = check_containerd(config, prefix, stopped_ok=True, socket_path=containerd_socket)
     engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs, prefix), containerd_check]

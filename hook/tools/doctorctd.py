@@ -1,0 +1,212 @@
+"""``hook doctor``'s containerd lines: do the runc handlers of the config containerd runs name the wrapper?
+
+Rule: the judge is containerd's own ``config dump`` where the binary is there, else the config and
+its imports under both merge rules (``hook.tools.ctdconfig``); base runtime specs are judged for
+the order of our hook after NVIDIA's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hook.tools.checks import HOOK_PATH, LIBEXEC, Check
+
+CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
+
+
+CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
+
+
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+
+
+K3S_SOCKET = "/run/k3s/containerd/containerd.sock"  # k3s and rke2 alike
+
+
+K3S_CONFIGS = tuple(f"/var/lib/rancher/{d}/agent/etc/containerd/config.toml" for d in ("k3s", "rke2"))
+
+
+def _host_reader() -> tuple[Any, Any]:
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text()
+        except FileNotFoundError:
+            return None
+
+    def listdir(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    return read, listdir
+
+
+def containerd_binary() -> str | None:
+    """The node's containerd, whose own ``config dump`` says what it runs with."""
+    return next((b for b in CONTAINERD_BINARIES if os.access(b, os.X_OK)), None)
+
+
+def _dumped(binary: str, config: Path) -> tuple[int, list[Any], str]:
+    """(version, handlers) as ``containerd --config F config dump`` reads F and its imports."""
+    import subprocess
+
+    from hook.tools.engines import config_version, cri_plugin, handlers_in, parse
+
+    proc = subprocess.run(
+        [binary, "--config", str(config), "config", "dump"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise ValueError(
+            f"containerd cannot load it: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
+        )
+    doc = parse(proc.stdout, f"{binary} config dump")
+    version = config_version(doc, False)
+    if cri_plugin(version) not in (doc.get("plugins") or {}):
+        raise LookupError("the CRI plugin is disabled: no handlers in the dump")
+    return version, handlers_in(doc, version), str(doc.get("grpc", {}).get("address") or "")
+
+
+def _judge(config: Path, how: str, version: int, found: list[Any], libexec: str) -> Check:
+    from hook.tools.engines import RUNC_TYPES
+
+    fix = "run the installer (packaging/kubernetes; a .deb: installer register) and restart containerd"
+    where = f"{config} ({how})"
+    runc = [h for h in found if h.runtime_type in RUNC_TYPES]
+    if not runc:
+        return Check("containerd", False, f"{where}: containerd's implicit runc handler not registered", fix)
+    ours = {f"{libexec}/runtime"} | {f"{libexec}/handlers/{h.name}" for h in runc}
+    names = {h.name: f"{h.name}{' (default)' if h.default else ''}" for h in runc}
+    missing = [names[h.name] for h in runc if h.binary not in ours]
+    if missing:
+        return Check("containerd", False, f"{where}: handler(s) {', '.join(missing)} not registered", fix)
+    listed = ", ".join(names.values())
+    return Check(
+        "containerd", True, f"{config} (version {version}, {how}): {listed} run the wrapper (spec level)"
+    )
+
+
+def _socket_listens(path: str) -> bool:
+    import socket
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def check_containerd(
+    config: Path,
+    libexec: str = LIBEXEC,
+    *,
+    binary: str | None = "",
+    socket_path: str = "",
+    stopped_ok: bool = False,
+) -> Check:
+    """containerd: every runc-type runtime handler of the configuration containerd actually runs
+    (its own ``config dump`` where the binary is there, else ``config`` and its imports under
+    both merge rules, ``hook.tools.ctdconfig``) runs the runtime wrapper (spec-level mode).
+
+    With ``stopped_ok`` (the whole checklist), a containerd that is not running (nothing listens
+    on its socket) is reported, not failed: a podman host may have the package and its config
+    without running it."""
+    from hook.tools import ctdconfig, engines
+
+    if not config.exists():
+        return Check("containerd", True, f"{config} absent: containerd not configured on this node")
+    binary = containerd_binary() if binary == "" else binary
+    address = ""
+    try:
+        read, listdir = _host_reader()
+        files, version = ctdconfig.load(str(config), read, listdir)  # refuses what the installer would
+        address = str(engines.parse(files[0].text, str(config)).get("grpc", {}).get("address") or "")
+        dumped: tuple[int, list[Any], str] | None = None
+        if binary:
+            with contextlib.suppress(LookupError):  # CRI disabled: judged from the files below
+                dumped = _dumped(binary, config)
+        if dumped is not None:
+            version, found, dumped_address = dumped
+            address = dumped_address or address
+            check = _judge(config, "containerd config dump", version, found, libexec)
+        else:
+            check = Check("containerd", True, "")
+            for rule in ctdconfig.RULES:
+                how = f"{len(files)} file(s), containerd {'1.x' if rule == 'replace' else '2.x'} merge"
+                found = ctdconfig.effective_handlers(files, version, rule)
+                check = _judge(config, how, version, found, libexec)
+                if not check.ok:
+                    break
+    except Exception as exc:  # a doctor reports; it never crashes on what it inspects
+        check = Check("containerd", False, str(exc), "fix the config, then run the installer")
+    k3s = any(str(config).endswith(k) for k in K3S_CONFIGS)  # k3s passes its socket on the command line
+    sock = socket_path or address or (K3S_SOCKET if k3s else CONTAINERD_SOCKET)
+    if stopped_ok and not check.ok and not _socket_listens(sock):
+        return Check(
+            "containerd", True, f"installed but not running (nothing listens on {sock}): {check.detail}"
+        )
+    return check
+
+
+def _base_spec_check(handler: str, field: str, spec_file: str, libexec: str) -> Check:
+    from hook.tools.engines import base_spec_hooks, runs_after_nvidia
+
+    name = f"containerd base spec ({handler})"
+    where = f"{spec_file} (from {field})"
+    try:
+        spec = json.loads(Path(spec_file).read_text())
+    except (OSError, ValueError) as exc:
+        return Check(name, False, f"{where}: not readable JSON ({exc})", f"fix or remove {field}")
+    if not isinstance(spec, dict):
+        return Check(name, False, f"{where}: not a JSON object", f"fix or remove {field}")
+    found = base_spec_hooks(spec, [HOOK_PATH, f"{libexec}/hook"])
+    ours = ", ".join(f"{s} #{i}" for s, h in found.items() for i in h.ours) or "not registered"
+    nvidia = "NVIDIA's hook present" if any(h.nvidia for h in found.values()) else "no NVIDIA hook"
+    detail = f"{where}: ours {ours}; {nvidia}"
+    after = runs_after_nvidia(found)
+    if after is False:
+        fix = f"in {spec_file}, move the {libexec}/hook entry after NVIDIA's (prestart runs first)"
+        return Check(name, False, f"{detail}; ours runs before NVIDIA's", fix)
+    return Check(name, True, f"{detail}{'; ours runs after it' if after else ''}")
+
+
+def check_base_spec(config: Path, libexec: str = LIBEXEC) -> list[Check]:
+    """containerd: for each runtime handler with a ``base_runtime_spec``, whether that OCI spec
+    registers our hook, and whether it runs after NVIDIA's hook (runc runs prestart, then
+    createRuntime, each in array order); ``[]`` when no handler names a base spec."""
+    from hook.tools import ctdconfig
+    from hook.tools.engines import cri_plugin
+
+    try:
+        read, listdir = _host_reader()
+        files, version = ctdconfig.load(str(config), read, listdir)
+        found = ctdconfig.effective_handlers(files, version, "merge")
+    except Exception:  # check_containerd reports an unreadable config already
+        return []
+    prefix = f'plugins."{cri_plugin(version)}".containerd.runtimes'
+    return [
+        _base_spec_check(h.name, f"{config}: {prefix}.{h.name}.base_runtime_spec", h.base_spec, libexec)
+        for h in found
+        if h.base_spec
+    ]
+
+
+def node_config(host_root: Path) -> Path:
+    """/etc/containerd/config.toml, or on a k3s/rke2 node the config its containerd runs."""
+    for k3s in K3S_CONFIGS:
+        if (host_root / k3s.lstrip("/")).is_file():
+            return host_root / k3s.lstrip("/")
+    return CONTAINERD_CONFIG
