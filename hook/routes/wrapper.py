@@ -39,6 +39,7 @@ RUNTIME_SEEN_ENV = "OCI_DEVICE_HOOK_RUNTIME"
 CONTAINER_ID_ENV = "OCI_DEVICE_HOOK_CONTAINER_ID"
 RUNTIME_LOG_ENV = "OCI_DEVICE_HOOK_RUNTIME_LOG"
 RUNTIME_LOG_FORMAT_ENV = "OCI_DEVICE_HOOK_RUNTIME_LOG_FORMAT"
+LOADER_PREFIX = "OCI_DEVICE_HOOK_LOADER_"  # packaging/launcher.sh.in: the engine's loader variables
 _HOOK_ONLY = (RUNTIME_SEEN_ENV, CONTAINER_ID_ENV, RUNTIME_LOG_ENV, RUNTIME_LOG_FORMAT_ENV)
 
 
@@ -165,6 +166,14 @@ def decide(opts: dict[str, list[str]], args: list[str]) -> int:
     return 0
 
 
+def _loader_variables_back() -> None:
+    """The engine's LD_* and GLIBC_TUNABLES, which the bundled launcher moved aside so that its own
+    loader would not act on them (packaging/launcher.sh.in), are the real runtime's again."""
+    for name in [n for n in os.environ if n.startswith(LOADER_PREFIX)]:
+        value = os.environ.pop(name)
+        os.environ[name[len(LOADER_PREFIX) :]] = value
+
+
 def main(argv: list[str]) -> int:
     """``hook runtime-wrapper [--config FILE] -- REAL ARGS...``: decide, then exec ``REAL ARGS``."""
     opts: dict[str, list[str]] = {}
@@ -183,6 +192,7 @@ def main(argv: list[str]) -> int:
         return code
     for name in _HOOK_ONLY:
         os.environ.pop(name, None)
+    _loader_variables_back()
     sys.stdout.flush()
     sys.stderr.flush()
     try:
