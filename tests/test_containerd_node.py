@@ -307,24 +307,24 @@ def test_the_implicit_runc_handler_is_registered_in_the_last_file_with_a_cri_tab
     assert runtimes(dump(conf)).keys() <= {"runc"}  # before: the implicit handler only
     node = _local_node(tmp_path)
     rec: dict[str, Any] = {}
-    assert install._register_containerd(node, rec)
+    assert ictd.register_handlers(node, rec)
     got = dump(conf)
     assert cri(got)["sandbox_image"] == "pause:3.10"  # the last file's table is the one containerd kept
     assert _all_wrapped(got, node.opts.libexec) == {"runc": f"{tmp_path}/libexec/runtime"}
     assert "runtimes.runc" in last.read_text()
     assert "runtimes" not in other.read_text() + first.read_text()
-    assert install._unregister_containerd(node, rec["containerd"])
+    assert ictd.restore_handlers(node, rec["containerd"])
 
 
 @needs_containerd
 def test_doctor_judges_the_drop_in_that_makes_nvidia_the_default(tmp_path: Path) -> None:
     """The main config registered (today's installer result), a drop-in then replaces the CRI table."""
-    from hook.tools import doctorctd, engines
+    from hook.tools import ctdedit, doctorctd
 
     node, conf, drop = _drop_in_node(tmp_path)
     drop.unlink()
     libexec = node.opts.libexec
-    text, _ = engines.register_containerd(conf.read_text(), str(conf), {}, f"{libexec}/runtime")
+    text, _ = ctdedit.register_containerd(conf.read_text(), str(conf), {}, f"{libexec}/runtime")
     conf.write_text(text)
     assert doctorctd.check_containerd(conf, libexec).ok
     drop.write_text(DROP_IN)

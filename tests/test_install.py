@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from hook.core.errors import InputError
-from hook.tools import checks, doctorctd, doctorhooks, engines
+from hook.tools import checks, ctdedit, doctorctd, doctorhooks, engines
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "packaging"
@@ -295,7 +295,7 @@ def _runtimes(text: str, version: int = 2) -> dict:
 
 
 def test_containerd_v2_every_runc_handler_is_registered_and_undone_byte_for_byte() -> None:
-    new, edits = engines.register_containerd(
+    new, edits = ctdedit.register_containerd(
         GPU_OPERATOR_V2, "c.toml", {"nvidia": "/L/handlers/nvidia"}, "/L/runtime"
     )
     rt = _runtimes(new)
@@ -304,32 +304,32 @@ def test_containerd_v2_every_runc_handler_is_registered_and_undone_byte_for_byte
     assert "options" not in rt["kata"]  # not a runc shim: BinaryName means nothing to it
     assert "# written by the GPU operator's toolkit container" in new
     assert [e.handler for e in edits] == ["nvidia", "runc"]
-    assert engines.unregister_containerd(new, "c.toml", edits) == GPU_OPERATOR_V2
-    again, more = engines.register_containerd(new, "c.toml", {"nvidia": "/L/handlers/nvidia"}, "/L/runtime")
+    assert ctdedit.unregister_containerd(new, "c.toml", edits) == GPU_OPERATOR_V2
+    again, more = ctdedit.register_containerd(new, "c.toml", {"nvidia": "/L/handlers/nvidia"}, "/L/runtime")
     assert (again, more) == (new, [])  # idempotent
 
 
 def test_containerd_v3_and_an_empty_config() -> None:
-    new, edits = engines.register_containerd(CONTAINERD2_V3, "c.toml", {}, "/L/runtime")
+    new, edits = ctdedit.register_containerd(CONTAINERD2_V3, "c.toml", {}, "/L/runtime")
     assert _runtimes(new, 3)["runc"]["options"]["BinaryName"] == "/L/runtime"
-    assert engines.unregister_containerd(new, "c.toml", edits) == CONTAINERD2_V3
-    new, edits = engines.register_containerd("", "c.toml", {}, "/L/runtime")
+    assert ctdedit.unregister_containerd(new, "c.toml", edits) == CONTAINERD2_V3
+    new, edits = ctdedit.register_containerd("", "c.toml", {}, "/L/runtime")
     assert tomllib.loads(new)["version"] == 2
     assert _runtimes(new)["runc"] == {
         "runtime_type": "io.containerd.runc.v2",
         "options": {"BinaryName": "/L/runtime"},
     }
-    assert tomllib.loads(engines.unregister_containerd(new, "c.toml", edits)) == {"version": 2}
+    assert tomllib.loads(ctdedit.unregister_containerd(new, "c.toml", edits)) == {"version": 2}
 
 
 def test_undo_keeps_what_others_changed_since() -> None:
-    new, edits = engines.register_containerd(
+    new, edits = ctdedit.register_containerd(
         GPU_OPERATOR_V2, "c.toml", {"nvidia": "/L/handlers/nvidia"}, "/L/runtime"
     )
     later = new.replace(
         'default_runtime_name = "nvidia"', 'default_runtime_name = "nvidia"\n      snapshotter = "zfs"'
     )
-    back = tomllib.loads(engines.unregister_containerd(later, "c.toml", edits))
+    back = tomllib.loads(ctdedit.unregister_containerd(later, "c.toml", edits))
     expected = tomllib.loads(GPU_OPERATOR_V2)
     expected["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["snapshotter"] = "zfs"
     assert back == expected
@@ -348,7 +348,7 @@ def test_undo_keeps_what_others_changed_since() -> None:
 )  # fmt: skip
 def test_configs_the_line_editor_cannot_change_safely_are_refused(text: str, field: str) -> None:
     with pytest.raises(InputError) as err:
-        engines.register_containerd(text, "c.toml", {}, "/L/runtime")
+        ctdedit.register_containerd(text, "c.toml", {}, "/L/runtime")
     assert "c.toml" in str(err.value) and field in str(err.value)
 
 
@@ -704,7 +704,7 @@ def test_doctor_containerd_states(tmp_path: Path) -> None:
     if doctorctd.containerd_binary():  # containerd's own dump lists that handler
         dumped = doctorctd.check_containerd(cfg)
         assert not dumped.ok and "runc (default) not registered" in dumped.detail
-    new, _ = engines.register_containerd(cfg.read_text(), str(cfg), {}, f"{checks.LIBEXEC}/runtime")
+    new, _ = ctdedit.register_containerd(cfg.read_text(), str(cfg), {}, f"{checks.LIBEXEC}/runtime")
     cfg.write_text(new)
     assert doctorctd.check_containerd(cfg).ok
     cfg.write_text("version = 1\n[plugins.cri]\n")

@@ -29,7 +29,7 @@ from typing import Any
 
 from hook.core.errors import InputError
 from hook.core.record import record
-from hook.tools import engines
+from hook.tools import ctdedit, engines
 
 __all__ = [
     "ConfigFile",
@@ -178,7 +178,7 @@ def binaries(files: Sequence[ConfigFile], version: int) -> dict[str, engines.Han
 
 def plan_register(
     files: Sequence[ConfigFile], version: int, binary_for: Mapping[str, str], default_binary: str
-) -> list[tuple[ConfigFile, str, list[engines.ContainerdEdit]]]:
+) -> list[tuple[ConfigFile, str, list[ctdedit.ContainerdEdit]]]:
     """Each file's new text and edits, such that every runc-type handler runs the wrapper under
     either merge rule: a runc-type handler is edited in every file that defines it, and the
     file whose CRI table 1.x keeps (the last that has one) gets containerd's implicit ``runc``
@@ -190,7 +190,7 @@ def plan_register(
     winner = next((f for f in reversed(files) if _has_cri(f, version)), files[0])
     out = []
     for f in files:
-        new, edits = engines.register_containerd(
+        new, edits = ctdedit.register_containerd(
             f.text,
             f.path,
             binary_for,

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from hook.core.errors import InputError
-from hook.tools import ctdconfig, engines
+from hook.tools import ctdconfig, ctdedit, engines
 from hook.tools.install.node import (
     DEFAULTS,
     InstallError,
@@ -93,7 +93,7 @@ def _backup_name(node: Node, path: str) -> str:
 
 def _plan(
     node: Node, root_config: str, seed: str | None, wrapper: str
-) -> tuple[list[tuple[ctdconfig.ConfigFile, str, list[engines.ContainerdEdit]]], int, dict[str, str]]:
+) -> tuple[list[tuple[ctdconfig.ConfigFile, str, list[ctdedit.ContainerdEdit]]], int, dict[str, str]]:
     """The files one root config loads (imports followed inside the root), their new texts, the
     root's version, and the shim for each handler whose runc binary is not runc's."""
     read, listdir = read_in_root(node)
@@ -264,7 +264,7 @@ def _unregister_file(node: Node, entry: dict[str, Any]) -> bool:
         text = cfg.read_text()
     except FileNotFoundError:
         return False
-    edits = [engines.ContainerdEdit.from_json(e) for e in entry.get("edits") or []]
+    edits = [ctdedit.ContainerdEdit.from_json(e) for e in entry.get("edits") or []]
     backup = node.path(entry["backup"]) if entry.get("backup") else None
     unchanged = sha(text.encode()) == entry.get("sha256")
     if unchanged and backup is not None and backup.exists():
@@ -272,7 +272,7 @@ def _unregister_file(node: Node, entry: dict[str, Any]) -> bool:
     elif unchanged and entry.get("created") and edits:
         restored = b""
     else:
-        restored = engines.unregister_containerd(text, path, edits, entry.get("version")).encode()
+        restored = ctdedit.unregister_containerd(text, path, edits, entry.get("version")).encode()
     if entry.get("created") and (
         not restored or engines.parse(restored.decode(), path) in ({}, {"version": 2})
     ):
