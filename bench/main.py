@@ -653,7 +653,11 @@ def main(argv: list[str] | None = None) -> int:
                  "routes-scale": lambda: routeset.run_step(b, "routes-scale")}
         # slice, slice-v2, scale and wrapper-run are the routes steps' older, paired subsets: on request only
         default = [s for s in steps if s not in ("slice", "slice-v2", "scale", "wrapper-run")]
-        only = args.only.split(",") if args.only else default
+        asked = args.only.split(",") if args.only else default
+        unknown = sorted(set(asked) - set(steps))
+        if unknown:
+            raise SystemExit(f"bench/run: --only: no step {', '.join(unknown)} (steps: {', '.join(steps)})")
+        only = [name for name in steps if name in asked]  # always in this order: nvml reads alone's state
         for name in only:
             s = time.perf_counter()
             steps[name]()
