@@ -14,7 +14,6 @@ import pty
 import shutil
 import subprocess
 import sys
-import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -118,9 +117,11 @@ def test_stage_help(stage: str) -> None:
 
 
 def test_version_matches_the_package_metadata() -> None:
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    from importlib.metadata import version as installed
+
     from hook.core.version import VERSION
 
+    version = installed("oci-device-hook")  # pyproject's dynamic version, read from hook/core/version.py
     assert version == VERSION
     res = hook_cli("--version")
     assert (res.returncode, res.stdout) == (0, f"hook (oci-device-hook) {version}\n")

@@ -21,7 +21,8 @@ PKG = REPO / "packaging"
 HOOK_PATH = "/usr/libexec/oci-device-hook/hook"
 HOOKS_STAGES = {"createContainer", "createRuntime", "prestart", "poststart", "poststop", "startContainer"}
 SHELL_SCRIPTS = ["build-deb", "runtime", "debian/postinst", "debian/prerm", "debian/postrm", "bundle-python",
-                 "installer", "launcher.sh.in", "image/build-image"]
+                 "installer", "launcher.sh.in", "image/build-image", "version", "release",
+                 "kubernetes/render"]
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed")
 
 
@@ -148,7 +149,8 @@ def _dpkg(*args: str) -> str:
 
 @needs_dpkg
 def test_deb_name_and_control(deb: Path) -> None:
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    from hook.core.version import VERSION as version
+
     assert re.fullmatch(rf"oci-device-hook_{re.escape(version)}_[a-z0-9]+\.deb", deb.name)
     assert _dpkg("-f", str(deb), "Package").strip() == "oci-device-hook"
     assert _dpkg("-f", str(deb), "Version").strip() == version

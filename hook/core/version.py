@@ -1,7 +1,9 @@
 """The hook's version, as a constant the live path can read without ``importlib.metadata``.
 
-Rule: equal to pyproject's ``[project] version`` (a test holds them together); ``hook --version``
-prefers the installed distribution's metadata and falls back to this.
+Rule: this line is the one place the version is written. pyproject.toml reads it (a dynamic
+version), ``packaging/version`` prints it for the shell (build-deb, the manifests' render step,
+the release: docs/release.md), and the image is tagged from the .deb it builds; a test holds
+them together. Keep it one plain ``VERSION = "X.Y.Z"`` line: the shell reads it with ``sed``.
 """
 
 VERSION = "0.1.0"

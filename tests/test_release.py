@@ -1,0 +1,128 @@
+"""Issue 29 item 7: release hygiene. A LICENSE, a changelog, the version written once and read by
+every build step, the DaemonSet's image and tag as parameters, and the bundled interpreter's
+versions written into the bundle for the operator who patches it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hook.core.version import VERSION
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "packaging"
+
+
+def test_license_is_the_apache_2_0_text_pyproject_names() -> None:
+    text = (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n") and "Version 2.0, January 2004" in text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"] == {
+        "text": "Apache-2.0"
+    }
+
+
+def test_changelog_has_an_entry_for_this_version_or_unreleased_work() -> None:
+    heads = re.findall(r"^## (\S+)", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert heads and heads[0] in ("Unreleased", VERSION)
+    assert VERSION in heads
+
+
+def test_the_version_is_written_once() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "hook.core.version.VERSION"}
+    out = subprocess.run([str(PKG / "version")], capture_output=True, text=True, check=True).stdout
+    assert out == f"{VERSION}\n"
+    # no script, manifest or settings file under packaging/ holds a version of its own
+    holders = [
+        str(p.relative_to(REPO))
+        for p in PKG.rglob("*")
+        if p.is_file()
+        and re.search(rf"(?<![\d.]){re.escape(VERSION)}(?![\d.])", p.read_text(errors="replace"))
+    ]
+    assert holders == []
+
+
+def test_packaging_version_refuses_a_version_line_the_shell_cannot_read(tmp_path: Path) -> None:
+    (tmp_path / "packaging").mkdir()
+    (tmp_path / "hook/core").mkdir(parents=True)
+    (tmp_path / "packaging/version").write_bytes((PKG / "version").read_bytes())
+    (tmp_path / "packaging/version").chmod(0o755)
+    (tmp_path / "hook/core/version.py").write_text('VERSION = "1.0; rm -rf /"\n')
+    proc = subprocess.run([str(tmp_path / "packaging/version")], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == "" and "no plain VERSION" in proc.stderr
+
+
+def _render(**env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PKG / "kubernetes/render")], env={"PATH": os.environ["PATH"], **env},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def _images(stream: str) -> list[str]:
+    docs = [d for d in yaml.safe_load_all(stream) if d]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    return [c["image"] for c in ds["spec"]["template"]["spec"]["containers"]]
+
+
+def test_manifests_take_the_image_and_tag_as_parameters() -> None:
+    stream = _render().stdout
+    assert {d["kind"] for d in yaml.safe_load_all(stream) if d} == {"Namespace", "ConfigMap", "DaemonSet"}
+    images = _images(stream)
+    assert images and set(images) == {f"localhost/oci-device-hook:{VERSION}"}  # defaults: build-image's
+    res = _render(IMAGE="registry.example:5000/gpu/oci-device-hook", TAG="1.2.3-rc1")
+    assert res.returncode == 0, res.stderr
+    assert set(_images(res.stdout)) == {"registry.example:5000/gpu/oci-device-hook:1.2.3-rc1"}
+    assert "@IMAGE@" not in res.stdout and "@TAG@" not in res.stdout
+    raw = (PKG / "kubernetes/daemonset.yaml").read_text()
+    assert "localhost/oci-device-hook:" not in raw  # nothing hard-coded left to forget
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("TAG", "1.0 x"), ("TAG", "1|x"), ("IMAGE", "a b"), ("IMAGE", "x|y")]
+)
+def test_render_refuses_values_that_would_break_the_manifest(key: str, value: str) -> None:
+    res = _render(**{key: value})
+    assert res.returncode == 2 and res.stdout == "" and key in res.stderr
+
+
+def _member(deb: Path, suffix: str) -> bytes:
+    data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    tmp = deb.parent / "fsys.tar"
+    tmp.write_bytes(data)
+    with tarfile.open(tmp) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(suffix))
+        f = tar.extractfile(member)
+        assert f is not None
+        return f.read()
+
+
+def test_the_deb_carries_the_license_changelog_and_its_bundles_versions(built_deb: Path) -> None:
+    assert _member(built_deb, "/usr/share/doc/oci-device-hook/LICENSE") == (REPO / "LICENSE").read_bytes()
+    assert (
+        _member(built_deb, "/usr/share/doc/oci-device-hook/CHANGELOG.md")
+        == (REPO / "CHANGELOG.md").read_bytes()
+    )
+    ds = _member(built_deb, "/usr/share/doc/oci-device-hook/kubernetes/daemonset.yaml").decode()
+    assert set(_images(ds)) == {f"localhost/oci-device-hook:{VERSION}"}  # rendered for its own version
+    bundle = json.loads(_member(built_deb, "/oci-device-hook/python/BUNDLE.json"))
+    # the bundle was copied from the build's interpreter (build-deb's PYTHON_BIN): the same versions
+    probe = (
+        "import os, platform, ssl; "
+        "print(platform.python_version(), os.confstr('CS_GNU_LIBC_VERSION'), ssl.OPENSSL_VERSION, sep='|')"
+    )
+    python = os.environ.get("PYTHON_BIN", "/usr/bin/python3")
+    out = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, check=True).stdout
+    version, glibc, openssl = out.strip().split("|")
+    assert (bundle["python"], bundle["glibc"]) == (version, glibc)
+    assert bundle["openssl"].startswith("OpenSSL ") and bundle["openssl"].split()[1] in openssl
+    assert any(p.startswith("libssl") for p in bundle["packages"])  # where its libcrypto came from
