@@ -247,6 +247,32 @@ def test_settings_check_reports_every_error_and_the_closest_key(tmp_path: Path) 
     ]
 
 
+def test_settings_check_reports_a_duplicate_key_and_every_other_error(tmp_path: Path) -> None:
+    """Issue 29 item 4: a duplicate key is one error among the file's others, never all it says."""
+    path = tmp_path / "config.yaml"
+    path.write_text("cap_access: rw\nzzz: 1\ncap_access: r\nlog_file: rel.log\nruntime: /usr/bin/crun\n")
+    res = subprocess.run(
+        [sys.executable, "-I", "-m", "hook", "settings", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr.splitlines() == [
+        f"hook: {path}: cap_access: duplicate key (line 3)",
+        f"hook: {path}: zzz: unknown setting",
+        f"hook: {path}: log_file: expected an absolute path",
+    ]
+    path.write_text("cap_access: rw\ncap_access: rwx\n")  # the first value judged, the second line named
+    from hook.core.errors import InputError
+    from hook.sources.settingsfile import check_file, load_settings
+
+    assert [str(e) for e in check_file(path)] == [f"{path}: cap_access: duplicate key (line 2)"]
+    with pytest.raises(InputError, match="duplicate key"):  # the live hook still stops at the first
+        load_settings(path)
+
+
 def test_simulation_of_odd_configs_is_never_a_traceback(tmp_path: Path) -> None:
     """``hook --bundle`` on what runc accepts: a report, or (writing a 2,000-deep config back) one line."""
     bundle = write_bundle(tmp_path / "b", ODD["deep-extension"](PRIVILEGED))

@@ -48,8 +48,9 @@ FASTPATH_MAX = 256 << 10
 
 
 def check_file(path: Path) -> list[InputError]:
-    """Every error in a settings file (``hook settings check``): all bad keys and values at once;
-    a file that cannot be read or is not YAML is one error."""
+    """Every error in a settings file (``hook settings check``): all bad keys and values at once,
+    each duplicate key among them (a duplicate hides no other error); a file that cannot be read
+    or is not YAML is one error."""
     try:
         data = _read_file(path)
     except FileNotFoundError:
@@ -58,11 +59,12 @@ def check_file(path: Path) -> list[InputError]:
         return [InputError(str(path), "", exc.strerror or str(exc))]
     except InputError as exc:
         return [exc]
+    duplicates: list[InputError] = []
     try:
-        doc = parse_yaml(data, str(path))
+        doc = parse_yaml(data, str(path), duplicates)
     except InputError as exc:
-        return [exc]
-    return [] if doc is None else collect(doc, str(path))[1]
+        return [*duplicates, exc]
+    return duplicates + ([] if doc is None else collect(doc, str(path))[1])
 
 
 def _read_file(path: Path) -> bytes:
@@ -142,8 +144,11 @@ def salvage_log(path: Path) -> Settings:
     return Settings(**values)
 
 
-def parse_yaml(data: bytes, source: str) -> Any:
-    """Decode a settings document; a duplicate key is an error (YAML would keep the last silently)."""
+def parse_yaml(data: bytes, source: str, duplicates: list[InputError] | None = None) -> Any:
+    """Decode a settings document; a duplicate key is an error (YAML would keep the last silently).
+
+    With ``duplicates`` (``hook settings check``), each duplicate is appended there instead and the
+    document is still decoded (the first value kept), so the file's other errors show too."""
     import yaml  # only containers that reach the slow path pay for it
 
     base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -157,9 +162,18 @@ def parse_yaml(data: bytes, source: str) -> Any:
                 key = self.construct_object(key_node, deep=True)
                 if key in seen:
                     line = key_node.start_mark.line + 1
-                    raise InputError(source, str(key), f"duplicate key (line {line})")
+                    error = InputError(source, str(key), f"duplicate key (line {line})")
+                    if duplicates is None:
+                        raise error
+                    duplicates.append(error)
                 seen.add(key)
-            return super().construct_mapping(node, deep=deep)
+            mapping = super().construct_mapping(node, deep=deep)
+            if duplicates is not None:  # the first value, as the error names the later line
+                for key_node, value_node in reversed(node.value):
+                    if isinstance(key_node, yaml.ScalarNode) and not key_node.tag.endswith(":merge"):
+                        key = self.construct_object(key_node, deep=True)
+                        mapping[key] = self.construct_object(value_node, deep=deep)
+            return mapping
 
     try:
         return yaml.load(data, Loader=Loader)  # a SafeLoader subclass

@@ -2,7 +2,8 @@
 
 Rule: each command returns ``(stdout text, exit code)`` and prints nothing itself. ``validate``
 reports every problem of every file, one line each (``FILE: FIELD: reason (rule)``), and exits 1
-if any file is invalid; ``list`` and ``resolve`` raise HookError for the CLI to map.
+if any file is invalid; ``list`` prints every device, then every broken spec's problems, and exits
+1 when there is one (a broken spec's devices are missing); ``resolve`` raises HookError for the CLI.
 """
 
 from __future__ import annotations
@@ -36,16 +37,17 @@ def cmd_list(spec_dirs: list[Path], fmt: str) -> tuple[str, int]:
     _check_format(fmt)
     registry = Registry.load(spec_dirs, cache_dir=None)
     rows = [(name, registry._index[name][1]) for name in sorted(registry._index)]
+    code = 1 if registry.errors else 0  # a broken spec fails the listing: its devices are missing
     if fmt == "json":
         return _dump(
             {
                 "devices": [{"name": n, "spec": s} for n, s in rows],
                 "errors": {p: list(e) for p, e in registry.errors.items()},
             }
-        ), 0
+        ), code
     lines = [f"{name}\t{spec}" for name, spec in rows]
     lines += [f"error: {line}" for line in dict.fromkeys(x for e in registry.errors.values() for x in e)]
-    return "".join(f"{line}\n" for line in lines), 0
+    return "".join(f"{line}\n" for line in lines), code
 
 
 def cmd_validate(files: list[Path], fmt: str) -> tuple[str, int]:

@@ -41,11 +41,14 @@ def test_list(tmp_path: Path) -> None:
     write_spec(tmp_path, "a.json", base_spec())
     write_spec(tmp_path, "b.json", "{")
     text, code = cmd_list([tmp_path], "text")
-    assert code == 0
+    assert code == 1  # issue 29 item 4: a broken spec fails the listing (its devices are missing)
     assert text.splitlines()[0] == f"vendor.com/dev=d0\t{tmp_path / 'a.json'}"
     assert text.splitlines()[1].startswith(f"error: {tmp_path / 'b.json'}: cannot parse")
-    data = json.loads(cmd_list([tmp_path], "json")[0])
-    assert data["devices"] == [{"name": "vendor.com/dev=d0", "spec": str(tmp_path / "a.json")}]
+    data, code = cmd_list([tmp_path], "json")
+    assert code == 1 and list(json.loads(data)["errors"]) == [str(tmp_path / "b.json")]
+    assert json.loads(data)["devices"] == [{"name": "vendor.com/dev=d0", "spec": str(tmp_path / "a.json")}]
+    (tmp_path / "b.json").unlink()
+    assert cmd_list([tmp_path], "text") == (f"vendor.com/dev=d0\t{tmp_path / 'a.json'}\n", 0)
     with pytest.raises(UsageError):
         cmd_list([tmp_path], "yaml")
 
