@@ -29,9 +29,9 @@ EXPECTED = {
     ),
     "dra-claim-privileged": (
         "apply",
-        "narrowed a privileged container to its plugin allocation "
-        "k8s.gpu.nvidia.com/claim=9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b-gpu-2 "
-        "(dra-claim:9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b)",
+        "narrowed a privileged container to its DRA claim ml/gpu-claim "
+        "(9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b): "
+        "k8s.gpu.nvidia.com/claim=9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b-gpu-2:",
     ),
 }
 # The DRA bundle carries its node's claim spec and the kubelet's DRA state (README).

@@ -45,6 +45,7 @@ def test_contract_keys_and_values(tmp_path: Path) -> None:
         "warnings",
         "denied",
         "kubernetes",
+        "keeps",
     ]
     assert report["container"] == {"id": "ctr-7", "privileged": False, "sys_admin": True, "widened": False}
     assert report["requests"][0] == {
@@ -91,6 +92,8 @@ def test_render_text_every_section(tmp_path: Path) -> None:
         "  allow c 237:2 r",
         "create    /dev/nvidia-caps/nvidia-cap2 (c 237:2 mode 444)",
         "remove    /dev/nvidia3",
+        "keeps:",
+        f"  {'/dev/nvidia-caps/nvidia-cap2':<44} {'c 237:2':<12} r",
         "warning:  careful",
     ]
 
@@ -99,5 +102,7 @@ def test_render_text_every_section(tmp_path: Path) -> None:
 def test_render_text_none_is_short(name: str, tmp_path: Path) -> None:
     inputs = inputs_for(tmp_path, gen.bundles()[name])
     lines = render_text(build_report(inputs, decide(inputs))).splitlines()
-    assert len(lines) == 3
+    assert len(lines) == (4 if name == "privileged-no-allocation" else 3)
     assert lines[1] == "verdict:  none"
+    if name == "privileged-no-allocation":  # what it keeps: one line, not every node
+        assert lines[3] == "keeps:    every device (its rules allow all, and nothing was narrowed)"

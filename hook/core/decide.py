@@ -9,31 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from hook.core.devclasses import HostClasses
 from hook.core.hostdev import HOST_DEV, shared_mount
 from hook.core.kubelet import SANDBOX, UNTRUSTED
 from hook.core.oci import OciConfig
 from hook.core.plan import Node, Plan, Verdict
 from hook.core.record import field, record
-from hook.core.requests import DeviceRequest, Kind, Requests, has_sys_admin, is_accelerator, is_privileged
+from hook.core.requests import (
+    DeviceRequest,
+    Requests,
+    dra_claim_label,
+    dra_claim_of,
+    has_sys_admin,
+    is_privileged,
+)
 from hook.core.rules import Access, DeviceType, Rule, evaluate
+from hook.core.scope import MGMT_ENV, Grant, Scope, narrowing_scope
 from hook.core.settings import MigManagement, Policy, Settings
 
 __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
-
-MGMT_ENV = {Kind.MIG_CONFIG: "NVIDIA_MIG_CONFIG_DEVICES", Kind.MIG_MONITOR: "NVIDIA_MIG_MONITOR_DEVICES"}
-
-
-@record
-class Grant:
-    """A node a request needs, with the access it needs on it."""
-
-    node: Node
-    access: Access
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.node.type, self.node.major, self.node.minor)
-
 
 @record
 class Inputs:
@@ -47,6 +41,7 @@ class Inputs:
     warnings: tuple[str, ...] = field(default=())
     host_dev: tuple[str, ...] = (HOST_DEV,)  # the host's /dev directories (hostdev.host_dev_roots)
     no_driver_for: tuple[str, ...] = ()  # "source=value" of requests no driver on this node could serve
+    classes: HostClasses = field(default_factory=HostClasses)  # the host's NVIDIA device classes
 
 
 @record
@@ -75,18 +70,24 @@ def _rules_open(rules: Sequence[Rule], node: Node) -> bool:
     return any(evaluate(rules, kind, node.major, node.minor, a) for a in (Access.R, Access.W))
 
 
+def scope(inputs: Inputs, requests: Iterable[DeviceRequest]) -> Scope:
+    """The narrowing scope of this container granted what ``requests`` resolve to."""
+    return narrowing_scope(
+        requests, inputs.grants, inputs.classes, inputs.settings.accelerator_nodes, inputs.requests.bounded
+    )
+
+
 def container_facts(inputs: Inputs) -> Facts:
     config = inputs.config
     privileged = is_privileged(config.resource_rules)
-    requested = {g.key for gs in inputs.grants.values() for g in gs}
-    patterns = inputs.settings.accelerator_nodes
+    within = scope(inputs, inputs.requests.items)
     found: dict[tuple[str, int, int], Node] = {}
     for n in _config_nodes(config):
-        if is_accelerator(n.path, patterns) and _key(n) not in requested:
+        if within.narrowed(n):
             found.setdefault(_key(n), n)
     if inputs.requests.bounded and not privileged:  # also what linux.resources.devices allows
-        for n in inputs.host_accelerators:
-            if _key(n) not in requested and _rules_open(config.resource_rules, n):
+        for n in (*inputs.host_accelerators, *(c.node for c in inputs.classes.nodes)):
+            if within.narrowed(n) and _rules_open(config.resource_rules, n):
                 found.setdefault(_key(n), n)
     extra = tuple(found.values())
     return Facts(
@@ -161,29 +162,26 @@ def _additions(
 
 
 def _narrowing(
-    inputs: Inputs, allowed: Mapping[tuple[str, int, int], Grant], privileged: bool
+    inputs: Inputs, within: Scope, privileged: bool
 ) -> tuple[list[Rule], list[str], list[str]]:
-    """Deny every accelerator node outside the allocation; one exact rule each (v1 cannot re-allow
-    inside a denied wildcard), and remove the ones the engine put in the container. The third
-    value names the denied nodes, so the log says what was denied, not just how many.
+    """Deny every accelerator and NVIDIA-class node outside the scope; one exact rule each (v1
+    cannot re-allow inside a denied wildcard), and remove the ones the engine put in the
+    container. The third value names the denied nodes, so the log says what was denied.
 
     An unprivileged container is denied ``rw`` only: runc's default ``c *:* m`` keeps ``m`` on
     every char device in a v1 cgroup, so a ``rwm`` deny could never take full effect there."""
     access = Access.RWM if privileged else Access.R | Access.W
-    patterns = inputs.settings.accelerator_nodes
-    candidates = [*inputs.host_accelerators, *_config_nodes(inputs.config)]
+    candidates = [
+        *inputs.host_accelerators,
+        *(c.node for c in inputs.classes.nodes),
+        *_config_nodes(inputs.config),
+    ]
     deny: dict[tuple[str, int, int], Node] = {}
     for n in candidates:
-        if is_accelerator(n.path, patterns) and _key(n) not in allowed:
+        if within.narrowed(n):
             deny.setdefault(_key(n), n)
     rules = [_rule(deny[k], False, access) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
-    remove = sorted(
-        {
-            d.path
-            for d in inputs.config.devices
-            if is_accelerator(d.path, patterns) and (d.type, d.major, d.minor) in deny
-        }
-    )
+    remove = sorted({d.path for d in inputs.config.devices if (d.type, d.major, d.minor) in deny})
     return rules, remove, sorted({deny[k].path for k in deny})
 
 
@@ -222,11 +220,27 @@ _NOTHING_ALLOCATED = {
 
 
 def _allocation_names(requests: Requests) -> str:
-    vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin]
+    vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin and not dra_claim_of(r)]
     if not vals:
         state = requests.kubelet.state if requests.kubelet is not None else ""
         return _NOTHING_ALLOCATED.get(state, "(none: the kubelet allocated this container no GPU)")
     return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
+
+
+def _allocation(requests: Requests) -> str:
+    """What bounds the container, as a person finds it: its plugin allocation, its DRA claims
+    (``namespace/name (uid)``, with the devices each names), or both."""
+    claims: dict[str, list[str]] = {}
+    for r in requests.items:
+        if r.from_plugin and (uid := dra_claim_of(r)):
+            claims.setdefault(dra_claim_label(requests.kubelet, uid), []).append(r.value)
+    if not claims:
+        return f"plugin allocation {_allocation_names(requests)}"
+    named = "; ".join(f"{label}: {', '.join(values)}" for label, values in sorted(claims.items()))
+    said = f"DRA claim{'s' if len(claims) > 1 else ''} {named}"
+    if any(r.from_plugin and not dra_claim_of(r) for r in requests.items):
+        return f"plugin allocation {_allocation_names(requests)} and {said}"
+    return said
 
 
 def _plan(verdict: Verdict, reason: str, warnings: Sequence[str], **kw: object) -> Plan:
@@ -251,7 +265,7 @@ def decide(inputs: Inputs) -> Plan:
     if plugin_widened and inputs.settings.privileged_allocation is Policy.REJECT:
         return _plan(
             Verdict.DENY,
-            f"container is widened beyond its plugin allocation {_allocation_names(reqs)} (policy: reject)",
+            f"container is widened beyond its {_allocation(reqs)} (policy: reject)",
             warnings,
         )
     keep = [r for r in reqs.items if r.from_plugin or r.kind in MGMT_ENV or not plugin_widened]
@@ -260,10 +274,11 @@ def decide(inputs: Inputs) -> Plan:
     remove: list[str] = []
     denied: list[str] = []
     if plugin_widened:
-        deny_rules, remove, denied = _narrowing(inputs, wanted, facts.privileged)
+        deny_rules, remove, denied = _narrowing(inputs, scope(inputs, keep), facts.privileged)
         if inputs.settings.privileged_allocation is Policy.AUDIT:
             warnings.append(
-                f"audit: would deny {len(deny_rules)} accelerator node(s) outside {_allocation_names(reqs)}"
+                f"audit: would deny {len(deny_rules)} accelerator node(s) outside "
+                f"{_allocation(reqs).removeprefix('plugin allocation ')}"
             )
             remove = []  # audit changes nothing: the removals are part of what it only reports
         else:
@@ -273,7 +288,7 @@ def decide(inputs: Inputs) -> Plan:
     if not (rules or create or remove):
         if plugin_widened:  # only audit gets here: narrowing always denies
             why = (
-                f"widened beyond its plugin allocation {_allocation_names(reqs)}; left as is (policy: audit)"
+                f"widened beyond its {_allocation(reqs)}; left as is (policy: audit)"
             )
         elif not reqs.items and reqs.ignored_env:
             why = f"no device requested: {' and '.join(reqs.ignored_env)} is no request here (see warnings)"
@@ -314,7 +329,7 @@ def _reason(
     if narrowed:
         shape = "privileged" if facts.privileged else "widened"
         parts.append(
-            f"narrowed a {shape} container to its plugin allocation {_allocation_names(reqs)}: "
+            f"narrowed a {shape} container to its {_allocation(reqs)}: "
             f"denied {denied} accelerator node(s), removed {sum(p not in replaced for p in remove)}"
         )
     if allowed or create:

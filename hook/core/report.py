@@ -7,10 +7,12 @@ sorted by ``decide`` so reports are byte-stable and examples can have golden out
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
-from hook.core.decide import Inputs, container_facts
+from hook.core.decide import Inputs, container_facts, scope
 from hook.core.escape import clean
-from hook.core.plan import Plan
+from hook.core.plan import Node, Plan, Verdict
+from hook.core.rules import Access, DeviceType, Rule, evaluate
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -38,7 +40,36 @@ def build_report(inputs: Inputs, plan: Plan) -> dict[str, Any]:
         "warnings": list(plan.warnings),
         "denied": list(plan.denied),
         "kubernetes": _kubernetes(inputs),
+        "keeps": _keeps(inputs, plan),
     }
+
+
+def _access(rules: Sequence[Rule], node: Node) -> str:
+    kind = DeviceType(node.type)
+    bits = [a for a in (Access.R, Access.W, Access.M) if evaluate(rules, kind, node.major, node.minor, a)]
+    return "".join(str(a) for a in bits)
+
+
+def _keeps(inputs: Inputs, plan: Plan) -> list[dict[str, Any]]:
+    """The device nodes that matter here (accelerators, NVIDIA classes, what was granted) the
+    container holds once the plan is applied and its rules open for reading or writing, each with
+    the access the rules give; none for a container that does not start."""
+    if plan.verdict is Verdict.DENY:
+        return []
+    rules = [*inputs.config.resource_rules, *plan.rules]
+    within = scope(inputs, inputs.requests.items)
+    removed = set(plan.remove)
+    held: dict[str, Node] = {}
+    for d in inputs.config.devices:
+        if d.type in ("c", "b") and d.path not in removed:
+            held.setdefault(d.path, Node(path=d.path, type=d.type, major=d.major, minor=d.minor))
+    held.update((n.path, n) for n in plan.create)
+    out = []
+    for n in sorted(held.values(), key=lambda n: (n.major, n.minor, n.path)):
+        access = _access(rules, n)
+        if within.matters(n) and ("r" in access or "w" in access):
+            out.append({"path": n.path, "type": n.type, "major": n.major, "minor": n.minor, "access": access})
+    return out
 
 
 def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
@@ -89,6 +120,58 @@ def _rule_text(r: dict[str, Any]) -> str:
     return f"{'allow' if r['allow'] else 'deny '} {r['type']} {major}:{minor} {r['access']}"
 
 
+GIVEN = "linux.devices"  # the source of nodes the engine put in the config with their own allow rule
+
+
+def _absent(report: dict[str, Any], k: dict[str, Any]) -> list[str]:
+    """One line per piece of kubelet evidence that gave no word, saying what its absence meant."""
+    out = []
+    if k.get("identity_problem"):
+        out.append(
+            "evidence absent: the kubelet's files were not consulted: no allocation of this pod counts"
+        )
+    elif k["checkpoint_state"] != "read":
+        out.append(
+            f"evidence absent: the device-plugin checkpoint is {k['checkpoint_state']}: no allocation of "
+            "this pod is known, so none bounds its devices, and its env counts only if a plugin "
+            "corroborates it"
+        )
+    d = k.get("dra")
+    if d and d["state"] not in ("read", "unverified"):
+        reading = (
+            "no DRA claim of this pod is known, so no claim narrows it "
+            "(simulation: --kubelet-dra-state FILE reads a node's state)"
+            if d["state"] == "absent"
+            else "nothing is decided from it: the pod may hold claims, so the checkpoint does not bound it"
+        )
+        out.append(f"evidence absent: the kubelet's DRA state is {d['state']}: {reading}")
+    if out and report["verdict"] == "none" and report["container"]["privileged"] and not report["evidence"]:
+        out.append(
+            "evidence absent: so nothing the kubelet wrote bounds this privileged container: "
+            "it keeps every device"
+        )
+    return out
+
+
+def _keeps_text(report: dict[str, Any]) -> list[str]:
+    """What the container keeps, node by node with the access its rules give (verdict ``deny``:
+    it does not start)."""
+    if report["verdict"] == "deny":
+        return ["keeps:    nothing (the container does not start)"]
+    keeps = report.get("keeps") or []
+    if report["container"]["privileged"] and not any(not r["allow"] for r in report["cgroup"]):
+        return ["keeps:    every device (its rules allow all, and nothing was narrowed)"]
+    if not keeps:
+        return (
+            ["keeps:    no accelerator node"] if report["requests"] or report["container"]["widened"] else []
+        )
+    out = ["keeps:"]
+    for n in keeps:
+        numbers = f"{n['type']} {n['major']}:{n['minor']}"
+        out.append(f"  {clean(n['path']):<44} {numbers:<12} {n['access']}")
+    return out
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report for a terminal: every string that came from the container is escaped (``clean``)."""
     c = report["container"]
@@ -98,11 +181,19 @@ def render_text(report: dict[str, Any]) -> str:
         f"verdict:  {report['verdict']}",
         f"why:      {clean(report['reason'])}",
     ]
-    if report["requests"]:
+    asked = [r for r in report["requests"] if r["source"] != GIVEN]
+    if asked:
         lines.append("asked for:")
-        for r in report["requests"]:
+        for r in asked:
             origin = "plugin" if r["from_plugin"] else "not a plugin"
             lines.append(f"  {clean(r['value']):<44} from {clean(r['source'])} ({origin})")
+    given = [clean(r["value"]) for r in report["requests"] if r["source"] == GIVEN]
+    if given:
+        lines.append(
+            f"given already: {len(given)} node(s) in {GIVEN} with their own allow rules, as the engine or a "
+            "runtime put them there (kept as given; not GPUs the kubelet allocated):"
+        )
+        lines += [f"  {' '.join(given[i : i + 4])}" for i in range(0, len(given), 4)]
     k = report.get("kubernetes")
     if k:
         alloc = ", ".join(k["allocation"]) or "nothing"
@@ -116,16 +207,15 @@ def render_text(report: dict[str, Any]) -> str:
                 f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
             )
         d = k.get("dra")
-        if d and d["state"] != "absent":
+        if d:
             claims = ", ".join(
                 f"{c['namespace']}/{c['name']} ({', '.join(c['cdi_ids']) or 'no CDI devices'})"
                 for c in d["claims"]
             )
             decided = f"; decided by {clean(', '.join(d['decided']))}" if d["decided"] else ""
-            lines.append(
-                f"kubernetes DRA: {d['state_file']} {d['state']}; "
-                f"claims {clean(claims) or 'none of this pod'}{decided}"
-            )
+            known = clean(claims) or "none of this pod" if d["state"] in ("read", "unverified") else "unknown"
+            lines.append(f"kubernetes DRA: {clean(d['state_file'])} {d['state']}; claims {known}{decided}")
+        lines += _absent(report, k)
     if report["evidence"]:
         lines.append(f"plugin allocation evidence: {clean(', '.join(report['evidence']))}")
     if report["cgroup"]:
@@ -137,5 +227,6 @@ def render_text(report: dict[str, Any]) -> str:
         )
     for p in report["nodes"]["remove"]:
         lines.append(f"remove    {clean(p)}")
+    lines += _keeps_text(report)
     lines += [f"warning:  {clean(w)}" for w in report["warnings"]]
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hook.core.decide import Inputs
+from hook.core.devclasses import HostClasses
 from hook.core.hostdev import host_dev_roots
 from hook.core.oci import MAX_CONFIG_BYTES, MAX_STATE_BYTES, OciConfig, OciState, parse_config, parse_state
 from hook.core.plan import Node
@@ -107,10 +108,14 @@ def inputs_for_config(
         requests = only_injected(requests, accel, injected_keys(config.resource_rules))
         grants = {r: grants[r] for r in requests.items}
     host: tuple[Node, ...] = ()
+    classes = HostClasses()
     if requests.bounded or (
         requests.from_plugin and (is_privileged(config.resource_rules) or config.devices)
     ):
         host = scan_accelerators(opts.driver_root or Path("/"), settings.accelerator_nodes)
+        from hook.sources.nvidia.classes import host_classes  # only where narrowing may happen
+
+        classes = host_classes(opts.driver_root or Path("/"), resolver.loaded_inventory)
     return Inputs(
         container_id=container_id,
         config=config,
@@ -122,4 +127,5 @@ def inputs_for_config(
         host_dev=host_dev_roots(str(opts.driver_root)),
         warnings=(*warnings, *resolver.warnings),
         no_driver_for=tuple(dict.fromkeys(resolver.no_driver_for)),
+        classes=classes,
     )

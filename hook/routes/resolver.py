@@ -90,6 +90,11 @@ class Resolver:
         self.no_driver_for.append(f"{req.source}={req.value}")
         return ()
 
+    @property
+    def loaded_inventory(self) -> Inventory | None:
+        """The inventory if a request needed it (never loaded for this alone)."""
+        return self._inventory
+
     def inventory(self, fresh: bool = False) -> Inventory:
         if self._inventory is None or fresh:
             from hook.sources.nvidia.inventory import load
