@@ -12,7 +12,11 @@ index != minor, the Kubernetes live tests' node), ``8x-shuffled``
 probe order while indices follow PCI order, so no GPU's index equals its minor; the
 ``nvidia``, ``nvidia-caps`` and ``nvidia-uvm`` majors are 507, 511 and 509; MIG is on index 2,
 minor 6, with a 3g.40gb at GI 1 and a 1g.10gb at GI 5). Code that writes ``/dev/nvidia<index>``,
-``195:`` or ``gpu0`` anywhere gets the wrong card on this topology.
+``195:`` or ``gpu0`` anywhere gets the wrong card on this topology. ``8x-hgx`` is an HGX board
+(MIG on card 0, a 3g.40gb at GI 1): each GPU's DRM nodes ``card<index+1>`` and
+``renderD<128+index>`` tied to its PCI address in ``sys/class/drm``, the BMC's ``card0`` on a
+PCI address no GPU has, four IMEX channels, four NVSwitches with ``nvidia-nvswitchctl``, the
+NVLink node and the fabric-mgmt cap (``nvidia-cap0``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ BOOT_ID: Final = "5d1c2f6e-8a3b-4c7d-9e0f-1a2b3c4d5e6f"
 CONFIG_MODE: Final = 0o400
 READ_MODE: Final = 0o444
 NVIDIA_MAJOR: Final = 195
+NVLINK_MAJOR: Final = 236
+NVSWITCH_MAJOR: Final = 238
+DRM_MAJOR: Final = 226
+BMC_BUS: Final = "0000:03:00.0"  # the board's BMC VGA (ASPEED): a DRM node of no NVIDIA GPU
+ASPEED: Final = "0x1a03"  # PCI vendor ids
+NVIDIA_PCI: Final = "0x10de"
+IMEX_CHANNELS: Final = 4
+NVSWITCHES: Final = 4
+FABRIC_MGMT_MINOR: Final = 0  # nv-caps.c: the nvlink table is numbered first
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +87,7 @@ class HostSpec:
     uvm_major: int = UVM_MAJOR
     caps_major: int = CAPS_MAJOR
     imex_major: int | None = IMEX_MAJOR
+    fabric: bool = False  # an HGX board: DRM nodes, IMEX channels, NVSwitches, NVLink (``_fabric``)
 
 
 _BUSES: Final = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -135,6 +149,16 @@ TOPOLOGIES: Final[dict[str, HostSpec]] = {
             ),
         ),
     ),
+    "8x-hgx": HostSpec(
+        name="8x-hgx",
+        gpus=_gpus(8, frozenset({0})),
+        migs=(
+            MigSpec(
+                parent_minor=0, gi=1, ci=0, uuid="MIG-07ad8e7c-0197-5973-bd05-7fcd18ae754e", profile="3g.40gb"
+            ),
+        ),
+        fabric=True,
+    ),
     "8x-shuffled": HostSpec(
         name="8x-shuffled",
         gpus=_gpus(8, frozenset({6}), SHUFFLED_MINORS),
@@ -185,7 +209,14 @@ def _proc_devices(spec: HostSpec) -> str:
         f"{spec.nvidia_major} nvidia",
         "226 drm",
     ]
-    chars += [f"{spec.caps_major} nvidia-caps", f"{spec.uvm_major} nvidia-uvm", "236 nvidia-nvlink"]
+    chars += [
+        f"{spec.caps_major} nvidia-caps",
+        f"{spec.uvm_major} nvidia-uvm",
+        f"{NVLINK_MAJOR} nvidia-nvlink",
+    ]
+    if spec.fabric:  # as the driver registers them: 195 carries three names
+        chars += [f"{spec.nvidia_major} nvidia-modeset", f"{spec.nvidia_major} nvidiactl"]
+        chars.append(f"{NVSWITCH_MAJOR} nvidia-nvswitch")
     if spec.imex_major is not None:
         chars.append(f"{spec.imex_major} nvidia-caps-imex-channels")
     chars.sort(key=lambda line: int(line.split()[0]))
@@ -249,6 +280,49 @@ def _dev(root: Path, spec: HostSpec, mknod: bool) -> None:
         _node(dev / "nvidia-caps" / f"nvidia-cap{minor}", spec.caps_major, minor, mode, mknod)
 
 
+def drm_card(gpu: GpuSpec) -> int:
+    """The fabric topology's DRM minors: card<index+1> (card0 is the BMC), renderD<128+index>."""
+    return gpu.index + 1
+
+
+def drm_render(gpu: GpuSpec) -> int:
+    return 128 + gpu.index
+
+
+def _fabric(root: Path, spec: HostSpec, mknod: bool) -> None:
+    """An HGX board: DRM nodes per GPU plus the BMC's card0 (sysfs ties each to its PCI address),
+    IMEX channels, NVSwitches and their control node, the NVLink node, the fabric-mgmt cap."""
+    dev, drm = root / "dev", root / "sys/class/drm"
+    cards = [("card0", 0, BMC_BUS)]
+    for gpu in spec.gpus:
+        cards += [
+            (f"card{drm_card(gpu)}", drm_card(gpu), gpu.bus),
+            (f"renderD{drm_render(gpu)}", drm_render(gpu), gpu.bus),
+        ]
+    for name, minor, bus in cards:
+        _node(dev / "dri" / name, DRM_MAJOR, minor, 0o660, mknod)
+        _write(drm / name / "dev", f"{DRM_MAJOR}:{minor}\n")
+        (drm / name / "device").symlink_to(f"../../../devices/pci0000:00/{bus}")  # sysfs's own shape
+        vendor = ASPEED if bus == BMC_BUS else NVIDIA_PCI
+        _write(root / "sys/devices/pci0000:00" / bus / "vendor", vendor + "\n")
+    _write(drm / "version", "drm 1.1.0 20060810\n")
+    assert spec.imex_major is not None
+    for channel in range(IMEX_CHANNELS):
+        _node(dev / "nvidia-caps-imex-channels" / f"channel{channel}", spec.imex_major, channel, 0o666, mknod)
+    for n in range(NVSWITCHES):
+        _node(dev / f"nvidia-nvswitch{n}", NVSWITCH_MAJOR, n, 0o666, mknod)
+    _node(dev / "nvidia-nvswitchctl", NVSWITCH_MAJOR, 255, 0o666, mknod)
+    _node(dev / "nvidia-nvlink", NVLINK_MAJOR, 0, 0o666, mknod)
+    _node(
+        dev / "nvidia-caps" / f"nvidia-cap{FABRIC_MGMT_MINOR}",
+        spec.caps_major,
+        FABRIC_MGMT_MINOR,
+        0o400,
+        mknod,
+    )
+    _write(root / "proc/driver/nvidia-caps/nvlink-minors", f"fabric-mgmt {FABRIC_MGMT_MINOR}\n")
+
+
 def make_host_tree(root: Path, topology: str, *, mknod: bool = True) -> HostSpec:
     """Write the topology's procfs files and /dev nodes under ``root``; return its spec."""
     spec = TOPOLOGIES[topology]
@@ -267,4 +341,6 @@ def make_host_tree(root: Path, topology: str, *, mknod: bool = True) -> HostSpec
     for rel, minor, mode in _caps(spec):
         _write(proc / "driver/nvidia/capabilities" / rel, _cap_file(minor, mode))
     _dev(root, spec, mknod)
+    if spec.fabric:
+        _fabric(root, spec, mknod)
     return spec

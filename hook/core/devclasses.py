@@ -55,6 +55,7 @@ _REGIONS = {
     "nvidia-caps-imex-channels": "nvidia-caps-imex-channels",
     "nvidia-nvlink": "nvidia-nvlink",
     "nvidia-nvswitch": "nvidia-nvswitch",
+    "drm": "drm",
 }
 _BY_MAJOR = {
     "nvidia-uvm": ClassKind.UVM,
@@ -84,12 +85,16 @@ class ClassNode:
 @record
 class HostClasses:
     """The host's NVIDIA classes: region -> major, the DRM nodes of NVIDIA GPUs (key -> GPU minor),
-    the minors of the fabric-management caps, and every class node found under ``/dev``."""
+    the minors of the fabric-management caps, and every class node found under ``/dev``. A DRM
+    node sysfs ties to no other vendor's device is NVIDIA's with an unknown GPU (``gpu`` None):
+    where the hook cannot tell, it narrows."""
 
     majors: Mapping[str, int] = field(default_factory=dict)
     drm: Mapping[Key, int] = field(default_factory=dict)
     fabric: frozenset[int] = frozenset()
     nodes: tuple[ClassNode, ...] = ()
+    drm_major: int | None = None  # /proc/devices' "drm"
+    foreign: frozenset[Key] = frozenset()  # DRM nodes sysfs puts on another vendor's device
 
     def classify(self, key: Key) -> tuple[ClassKind, int | None] | None:
         """The class of node ``key`` and, for a GPU or DRM node, its GPU's minor; None for a node
@@ -107,11 +112,14 @@ class HostClasses:
             if major == self.majors.get(region):
                 return cls, None
         gpu = self.drm.get(key)
-        return None if gpu is None else (ClassKind.DRM, gpu)
+        if gpu is not None or (major == self.drm_major and key not in self.foreign):
+            return ClassKind.DRM, gpu
+        return None
 
 
 def class_majors(text: str) -> dict[str, int]:
-    """``/proc/devices``' character section: each NVIDIA region's major (its first line wins)."""
+    """``/proc/devices``' character section: each NVIDIA region's major (its first line wins), and
+    ``drm``'s."""
     found: dict[str, int] = {}
     chars = False
     for line in text.splitlines():

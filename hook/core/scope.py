@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 
-from hook.core.devclasses import HostClasses, Key, keeps, whole_gpus
+from hook.core.devclasses import ClassKind, HostClasses, Key, keeps, whole_gpus
 from hook.core.kpath import container_path
 from hook.core.plan import Node
 from hook.core.record import record, replace
@@ -53,13 +53,18 @@ class Scope:
 
     def vendors_of(self, node: Node) -> frozenset[str]:
         """The accelerator vendors a node belongs to: NVIDIA for a class node (a GPU's own DRM
-        node too, whatever another vendor's globs say), else the vendors whose globs name it."""
-        if self.classes.classify(_key(node)) is not None:
+        node too, whatever another vendor's globs say), else the vendors whose globs name it; a
+        DRM node whose GPU sysfs does not tell is anyone's."""
+        found = self.classes.classify(_key(node))
+        if found is not None and found != (ClassKind.DRM, None):
             return frozenset({NVIDIA})
-        if not is_accelerator(node.path, self.patterns):
-            return frozenset()
-        name = container_path(node.path)[len("/dev/") :]
-        return frozenset(v for v, globs in self.patterns.items() if any(fnmatchcase(name, g) for g in globs))
+        named: frozenset[str] = frozenset()
+        if is_accelerator(node.path, self.patterns):
+            name = container_path(node.path)[len("/dev/") :]
+            named = frozenset(
+                v for v, globs in self.patterns.items() if any(fnmatchcase(name, g) for g in globs)
+            )
+        return named if found is None else named | {NVIDIA}
 
     def matters(self, node: Node) -> bool:
         """A node a report of what the container keeps lists: granted, of a class, an accelerator."""

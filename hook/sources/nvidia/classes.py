@@ -12,12 +12,13 @@ default), so a gap narrows, never frees. Read only for a container that may be n
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 
 from hook.core.devclasses import ClassNode, HostClasses, Key, class_majors
 from hook.core.plan import Node
+from hook.core.record import replace
+from hook.sources.nvidia.dri import NVIDIA_PCI_VENDOR, drm_devices
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -25,10 +26,8 @@ if TYPE_CHECKING:
 
     from hook.sources.nvidia.model import Inventory
 
-__all__ = ["drm_owners", "host_classes", "read_classes"]
+__all__ = ["host_classes", "read_classes"]
 
-_BUS: Final = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-_DEV: Final = re.compile(r"([0-9]+):([0-9]+)")
 _FABRIC_FILES: Final = ("proc/driver/nvidia-caps/nvlink-minors", "proc/driver/nvidia-caps/sys-minors")
 _MAX: Final = 1 << 16  # these files are a few lines; more is not the driver's
 
@@ -54,26 +53,6 @@ def _gpu_minors(root: Path) -> dict[str, int]:
             name, _, value = line.partition(":")
             if name.strip() == "Device Minor" and value.strip().isdigit():
                 out[bus.lower()] = int(value.strip())
-    return out
-
-
-def drm_owners(root: Path) -> dict[Key, str]:
-    """Each DRM node's numbers -> the PCI address sysfs puts it on (``sys/class/drm/<name>``)."""
-    base = os.path.join(root, "sys/class/drm")
-    out: dict[Key, str] = {}
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return out
-    for name in names:
-        numbers = _DEV.fullmatch(_read(root, f"sys/class/drm/{name}/dev").strip())
-        try:
-            target = os.readlink(os.path.join(base, name, "device"))
-        except (OSError, ValueError):
-            continue
-        bus = os.path.basename(target.rstrip("/")).lower()
-        if numbers is not None and _BUS.fullmatch(bus):
-            out[("c", int(numbers[1]), int(numbers[2]))] = bus
     return out
 
 
@@ -119,20 +98,29 @@ def _char_nodes(root: Path) -> list[Node]:
 
 
 def read_classes(root: Path) -> HostClasses:
-    """The host's NVIDIA classes and their nodes; empty where the driver is not loaded."""
+    """The host's NVIDIA classes and their nodes; empty where the NVIDIA driver is not loaded."""
     majors = class_majors(_read(root, "proc/devices"))
+    drm_major = majors.pop("drm", None)
     if not majors:
         return HostClasses()
     gpus = _gpu_minors(root)
-    drm = {key: gpus[bus] for key, bus in drm_owners(root).items() if bus in gpus}
-    shell = HostClasses(majors=majors, drm=drm, fabric=_fabric(root))
+    drm: dict[Key, int] = {}
+    foreign: set[Key] = set()
+    for key, (bus, vendor) in drm_devices(root).items():
+        if bus in gpus:
+            drm[key] = gpus[bus]
+        elif vendor and vendor != NVIDIA_PCI_VENDOR:  # another vendor's, by its own PCI id
+            foreign.add(key)
+    shell = HostClasses(
+        majors=majors, drm=drm, fabric=_fabric(root), drm_major=drm_major, foreign=frozenset(foreign)
+    )
     nodes = []
     for node in _char_nodes(root):
         found = shell.classify((node.type, node.major, node.minor))
         if found is not None:
             nodes.append(ClassNode(node=node, kind=found[0], gpu=found[1]))
     nodes.sort(key=lambda n: (n.node.major, n.node.minor, n.node.path))
-    return HostClasses(majors=majors, drm=drm, fabric=shell.fabric, nodes=tuple(nodes))
+    return replace(shell, nodes=tuple(nodes))
 
 
 def host_classes(root: Path, inventory: Inventory | None = None) -> HostClasses:

@@ -1,0 +1,101 @@
+"""NVIDIA device classes: majors by name from /proc/devices, nodes classified, what narrowing keeps."""
+
+from __future__ import annotations
+
+from hook.core.devclasses import ClassKind, HostClasses, class_majors, keeps, whole_gpus
+
+# A 570-series HGX node as the driver registers it (open-gpu-kernel-modules names; dynamic majors).
+PROC_DEVICES = """Character devices:
+  1 mem
+ 10 misc
+195 nvidia
+195 nvidia-modeset
+195 nvidiactl
+226 drm
+234 nvidia-caps-imex-channels
+236 nvidia-nvlink
+237 nvidia-caps
+238 nvidia-nvswitch
+511 nvidia-uvm
+
+Block devices:
+  8 sd
+236 nvidia-nvlink
+"""
+
+MAJORS = {
+    "nvidia": 195,
+    "nvidia-caps-imex-channels": 234,
+    "nvidia-nvlink": 236,
+    "nvidia-caps": 237,
+    "nvidia-nvswitch": 238,
+    "nvidia-uvm": 511,
+}
+CLASSES = HostClasses(
+    majors=MAJORS, drm={("c", 226, 1): 0, ("c", 226, 128): 0, ("c", 226, 2): 1}, fabric=frozenset({0})
+)
+
+
+def test_majors_come_from_the_names_the_driver_registers() -> None:
+    assert class_majors(PROC_DEVICES) == MAJORS
+
+
+def test_drivers_before_550_name_195_nvidia_frontend() -> None:
+    assert class_majors("Character devices:\n195 nvidia-frontend\n510 nvidia-uvm\n") == {
+        "nvidia": 195,
+        "nvidia-uvm": 510,
+    }
+
+
+def test_a_block_major_or_an_odd_line_is_no_class() -> None:
+    text = "Block devices:\n195 nvidia\nCharacter devices:\nx nvidia-uvm\n 12 nvidia-uvm-extra\n"
+    assert class_majors(text) == {}
+
+
+def test_every_node_of_the_driver_has_its_class() -> None:
+    c = CLASSES.classify
+    assert c(("c", 195, 3)) == (ClassKind.GPU, 3)
+    assert c(("c", 195, 255)) == (ClassKind.CTL, None)
+    assert c(("c", 195, 254)) == (ClassKind.MODESET, None)
+    assert c(("c", 511, 1)) == (ClassKind.UVM, None)
+    assert c(("c", 237, 12)) == (ClassKind.CAP, None)
+    assert c(("c", 237, 0)) == (ClassKind.FABRIC, None)
+    assert c(("c", 234, 7)) == (ClassKind.IMEX, None)
+    assert c(("c", 236, 0)) == (ClassKind.NVLINK, None)
+    assert c(("c", 238, 255)) == (ClassKind.NVSWITCH, None)
+    assert c(("c", 226, 128)) == (ClassKind.DRM, 0)
+
+
+def test_other_vendors_and_host_devices_have_no_class() -> None:
+    assert CLASSES.classify(("c", 226, 0)) is None  # a DRM node sysfs puts on no NVIDIA GPU
+    assert CLASSES.classify(("c", 10, 229)) is None  # /dev/fuse
+    assert CLASSES.classify(("b", 195, 0)) is None
+    assert HostClasses().classify(("c", 195, 0)) is None  # no driver: no class
+
+
+def test_a_gpu_reached_through_a_mig_instance_is_not_whole() -> None:
+    whole_gpu = [("c", 195, 1)]
+    mig = [("c", 195, 0), ("c", 237, 12), ("c", 237, 13)]
+    assert whole_gpus(CLASSES, [whole_gpu, mig]) == {1}
+    assert whole_gpus(CLASSES, [[("c", 195, 255), ("c", 511, 0)]]) == set()
+
+
+def test_what_a_narrowed_container_keeps_beyond_its_grants() -> None:
+    whole = {0}
+    kept = {
+        kind
+        for kind in ClassKind
+        for gpu in (0, 5, None)
+        if keeps((kind, gpu), whole, management=False)
+    }
+    assert kept == {ClassKind.CTL, ClassKind.MODESET, ClassKind.UVM, ClassKind.DRM}
+    assert not keeps((ClassKind.DRM, 5), whole, management=False)  # another GPU's DRM node
+    mgmt = {kind for kind in ClassKind if keeps((kind, None), (), management=True)}
+    assert mgmt == {
+        ClassKind.CTL,
+        ClassKind.MODESET,
+        ClassKind.UVM,
+        ClassKind.NVLINK,
+        ClassKind.NVSWITCH,
+        ClassKind.FABRIC,
+    }
