@@ -54,6 +54,8 @@ HOOK_MODULES = {
     "hook.sources.nvidia.nodes",
     "hook.sources.nvidia.procfs", "hook.sources.nvidia.snapshot", "hook.sources.nvidia.inventory",
     "hook.sources.nvidia.dri",
+    # issue 28: every NVIDIA device class narrowed (the classes, the scope, the host's class nodes)
+    "hook.core.devclasses", "hook.core.scope", "hook.sources.nvidia.classes",
     "hook.adapters.apply", "hook.adapters.apply.transaction", "hook.adapters.apply.devnodes",
     "hook.adapters.apply.locate", "hook.adapters.apply.cgroup_v1", "hook.sources.cachefile",
     "hook.core.escape",

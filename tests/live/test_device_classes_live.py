@@ -1,0 +1,170 @@
+"""Every NVIDIA device class narrowed, under runc: a privileged slice pod on an HGX board.
+
+The node is ``8x-hgx`` (tests/hosttree.py): DRM nodes tied to their GPU's PCI address in sysfs,
+the BMC's card0, IMEX channels, NVSwitches, NVLink, the fabric-mgmt cap. Inside the container
+each probe both ``mknod``s the node's numbers (the cgroup's ``m``) and opens the node runc made
+(or one planted in the rootfs before start, so the open shows the cgroup alone): EPERM = denied,
+ENXIO = allowed (a fake node with no driver behind it), ENOENT = removed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hosttree import DRM_MAJOR, NVLINK_MAJOR, NVSWITCH_MAJOR, drm_card, drm_render, make_host_tree
+from tests.live.livekit import build_bundle, char_device, hook, parse_probe, run_container
+
+SLICE_INDEX = 1
+CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID", "CAP_SETUID", "CAP_KILL"]
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> dict[str, Path]:
+    root = tmp_path / "driver-root"
+    make_host_tree(root, "8x-hgx", mknod=True)
+    empty = tmp_path / "no-cdi"
+    empty.mkdir()
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(f"log_file: {tmp_path}/hook.log\ncache_dir: {tmp_path}/cache\n")
+    return {"root": root, "no_cdi": empty, "settings": settings}
+
+
+def _host_nodes(root: Path) -> list[dict[str, object]]:
+    """Every char node of the board's /dev: what an engine puts in a privileged config."""
+    out = []
+    for dirpath, _dirs, files in os.walk(root / "dev"):
+        for name in sorted(files):
+            st = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISCHR(st.st_mode):
+                path = "/" + os.path.relpath(os.path.join(dirpath, name), root)
+                out.append(char_device(path, os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return out
+
+
+def _script(opens: list[str], mknods: dict[str, tuple[int, int]]) -> list[str]:
+    """Open each path; mknod each name's numbers under /tmp inside the container, then open it."""
+    lines = [f'out=$(cat {p} 2>&1 </dev/null | head -c 200); echo "PROBE {p} ${{out:-OK}}"' for p in opens]
+    for name, (major, minor) in mknods.items():
+        node = f"/tmp/mk-{name}"
+        lines.append(f'out=$(mknod {node} c {major} {minor} 2>&1); echo "MKNOD {node} ${{out:-OK}}"')
+        lines.append(f'out=$(cat {node} 2>&1 </dev/null | head -c 200); echo "PROBE {node} ${{out:-OK}}"')
+    return ["/bin/sh", "-c", "; ".join(lines)]
+
+
+def _mknod_results(stdout: str) -> dict[str, str]:
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("MKNOD "):
+            _, path, rest = line.split(" ", 2)
+            out[path] = "OK" if rest == "OK" else ("EPERM" if "not permitted" in rest else rest)
+    return out
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_hgx_slice_pod_keeps_its_drm_nodes_and_loses_fabric_imex_and_other_drm(
+    bundle_dir: Path, board: dict[str, Path], cgroup2: bool
+) -> None:
+    from tests.hosttree import TOPOLOGIES
+
+    spec = TOPOLOGIES["8x-hgx"]
+    mine, other = spec.gpus[SLICE_INDEX], spec.gpus[0]
+    own_card, own_render = f"/dev/dri/card{drm_card(mine)}", f"/dev/dri/renderD{drm_render(mine)}"
+    other_card = f"/dev/dri/card{drm_card(other)}"
+    assert spec.imex_major is not None
+    args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(board["root"])]
+    args += ["--config", str(board["settings"]), "--cdi-spec-dir", str(board["no_cdi"])]
+    opens = [
+        f"/dev/nvidia{mine.minor}", own_card, own_render, "/dev/nvidiactl", "/dev/dri/card0",
+        other_card, "/dev/nvidia-nvswitchctl", "/dev/nvidia-nvswitch0", "/dev/nvidia-nvlink",
+        "/dev/nvidia-caps-imex-channels/channel0", "/dev/nvidia-caps/nvidia-cap0",
+    ]  # fmt: skip
+    mknods = {
+        "own-card": (DRM_MAJOR, drm_card(mine)),
+        "other-card": (DRM_MAJOR, drm_card(other)),
+        "other-render": (DRM_MAJOR, drm_render(other)),
+        "nvswitchctl": (NVSWITCH_MAJOR, 255),
+        "nvlink": (NVLINK_MAJOR, 0),
+        "imex0": (spec.imex_major, 0),
+    }
+    b = build_bundle(
+        bundle_dir,
+        _script(opens, mknods),
+        hooks={"prestart": [hook(sys.executable, args)]},
+        devices=_host_nodes(board["root"]),
+        cgroup_devices=[{"allow": True, "access": "rwm"}],
+        env=["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={mine.uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=40g"],
+    )
+    caps = [*CAPS, "CAP_SYS_ADMIN"]
+    b.config["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
+    b.write()
+    res = run_container(b, cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    seen = parse_probe(res.stdout)
+    assert {p: seen[p] for p in opens} == {
+        f"/dev/nvidia{mine.minor}": "ENXIO",  # its card...
+        own_card: "ENXIO",  # ...and that card's DRM nodes (EGL, Vulkan)
+        own_render: "ENXIO",
+        "/dev/nvidiactl": "ENXIO",
+        "/dev/dri/card0": "ENXIO",  # the BMC's: another vendor's, privileged semantics
+        other_card: "ENOENT",  # another GPU's DRM node: removed...
+        "/dev/nvidia-nvswitchctl": "ENOENT",  # NVSwitch, NVLink, IMEX, fabric-mgmt: removed
+        "/dev/nvidia-nvswitch0": "ENOENT",
+        "/dev/nvidia-nvlink": "ENOENT",
+        "/dev/nvidia-caps-imex-channels/channel0": "ENOENT",
+        "/dev/nvidia-caps/nvidia-cap0": "ENOENT",
+    }
+    made = _mknod_results(res.stdout)
+    assert made == {  # ...and denied: mknod of the same numbers inside the container fails
+        "/tmp/mk-own-card": "OK",
+        "/tmp/mk-other-card": "EPERM",
+        "/tmp/mk-other-render": "EPERM",
+        "/tmp/mk-nvswitchctl": "EPERM",
+        "/tmp/mk-nvlink": "EPERM",
+        "/tmp/mk-imex0": "EPERM",
+    }, res.stdout
+    assert seen["/tmp/mk-own-card"] == "ENXIO"
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_a_planted_fabric_or_foreign_drm_node_opens_only_where_the_cgroup_allows(
+    bundle_dir: Path, board: dict[str, Path], cgroup2: bool
+) -> None:
+    """Nodes made in the rootfs before start (no mknod needed): open shows the cgroup's verdict alone."""
+    from tests.hosttree import TOPOLOGIES
+
+    spec = TOPOLOGIES["8x-hgx"]
+    mine, other = spec.gpus[SLICE_INDEX], spec.gpus[0]
+    planted = {
+        "/tmp/p-own-render": (DRM_MAJOR, drm_render(mine)),
+        "/tmp/p-other-render": (DRM_MAJOR, drm_render(other)),
+        "/tmp/p-nvswitch1": (NVSWITCH_MAJOR, 1),
+        "/tmp/p-nvlink": (NVLINK_MAJOR, 0),
+    }
+    args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(board["root"])]
+    args += ["--config", str(board["settings"]), "--cdi-spec-dir", str(board["no_cdi"])]
+    b = build_bundle(
+        bundle_dir,
+        _script(list(planted), {}),
+        hooks={"prestart": [hook(sys.executable, args)]},
+        devices=_host_nodes(board["root"]),
+        cgroup_devices=[{"allow": True, "access": "rwm"}],
+        env=["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={mine.uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=40g"],
+    )
+    caps = [*CAPS, "CAP_SYS_ADMIN"]
+    b.config["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
+    b.write()
+    for path, (major, minor) in planted.items():
+        os.mknod(b.rootfs / path.lstrip("/"), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    res = run_container(b, cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    assert parse_probe(res.stdout) == {
+        "/tmp/p-own-render": "ENXIO",
+        "/tmp/p-other-render": "EPERM",
+        "/tmp/p-nvswitch1": "EPERM",
+        "/tmp/p-nvlink": "EPERM",
+    }
