@@ -37,7 +37,7 @@ CLASSES = HostClasses(
 
 
 def test_majors_come_from_the_names_the_driver_registers() -> None:
-    assert class_majors(PROC_DEVICES) == MAJORS
+    assert class_majors(PROC_DEVICES) == {**MAJORS, "drm": 226}
 
 
 def test_drivers_before_550_name_195_nvidia_frontend() -> None:
@@ -82,12 +82,7 @@ def test_a_gpu_reached_through_a_mig_instance_is_not_whole() -> None:
 
 def test_what_a_narrowed_container_keeps_beyond_its_grants() -> None:
     whole = {0}
-    kept = {
-        kind
-        for kind in ClassKind
-        for gpu in (0, 5, None)
-        if keeps((kind, gpu), whole, management=False)
-    }
+    kept = {kind for kind in ClassKind for gpu in (0, 5, None) if keeps((kind, gpu), whole, management=False)}
     assert kept == {ClassKind.CTL, ClassKind.MODESET, ClassKind.UVM, ClassKind.DRM}
     assert not keeps((ClassKind.DRM, 5), whole, management=False)  # another GPU's DRM node
     mgmt = {kind for kind in ClassKind if keeps((kind, None), (), management=True)}
@@ -99,3 +94,14 @@ def test_what_a_narrowed_container_keeps_beyond_its_grants() -> None:
         ClassKind.NVSWITCH,
         ClassKind.FABRIC,
     }
+
+
+def test_a_drm_node_sysfs_ties_to_no_other_vendor_is_nvidias_gpu_unknown() -> None:
+    """Where the hook cannot tell whose a DRM node is, it is narrowed as an unknown GPU's."""
+    classes = HostClasses(
+        majors=MAJORS, drm={("c", 226, 1): 0}, drm_major=226, foreign=frozenset({("c", 226, 0)})
+    )
+    assert classes.classify(("c", 226, 1)) == (ClassKind.DRM, 0)
+    assert classes.classify(("c", 226, 0)) is None  # the BMC's, by its PCI vendor id
+    assert classes.classify(("c", 226, 9)) == (ClassKind.DRM, None)
+    assert not keeps((ClassKind.DRM, None), {0, 1, 2}, management=True)
