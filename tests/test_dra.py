@@ -262,7 +262,7 @@ def test_privileged_pod_with_a_gpu_claim_is_narrowed_to_its_gpu(node: Node, caps
         "/dev/nvidia3",
     ]
     label = f"ml/gpu-2 ({CLAIM_A})"
-    assert f"to its DRA claim {label}: {gpu_id(CLAIM_A, 2)}:" in rep["reason"]  # a claim, found by name
+    assert f"to its DRA claim ml/gpu-2 (dra-claim:{CLAIM_A}): {gpu_id(CLAIM_A, 2)}:" in rep["reason"]
     dra = rep["kubernetes"]["dra"]
     assert (dra["state_file"], dra["state"], dra["decided"]) == (str(node.dra), "read", [label])
     assert dra["claims"] == [

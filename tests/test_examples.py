@@ -30,7 +30,7 @@ EXPECTED = {
     "dra-claim-privileged": (
         "apply",
         "narrowed a privileged container to its DRA claim ml/gpu-claim "
-        "(9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b): "
+        "(dra-claim:9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b): "
         "k8s.gpu.nvidia.com/claim=9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b-gpu-2:",
     ),
 }

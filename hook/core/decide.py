@@ -229,11 +229,12 @@ def _allocation_names(requests: Requests) -> str:
 
 def _allocation(requests: Requests) -> str:
     """What bounds the container, as a person finds it: its plugin allocation, its DRA claims
-    (``namespace/name (uid)``, with the devices each names), or both."""
+    (``namespace/name (dra-claim:<uid>)``, with the devices each names), or both."""
     claims: dict[str, list[str]] = {}
     for r in requests.items:
         if r.from_plugin and (uid := dra_claim_of(r)):
-            claims.setdefault(dra_claim_label(requests.kubelet, uid), []).append(r.value)
+            name = dra_claim_label(requests.kubelet, uid).removesuffix(f" ({uid})")  # namespace/name
+            claims.setdefault(f"{name} ({r.source})", []).append(r.value)
     if not claims:
         return f"plugin allocation {_allocation_names(requests)}"
     named = "; ".join(f"{label}: {', '.join(values)}" for label, values in sorted(claims.items()))
