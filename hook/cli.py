@@ -268,12 +268,26 @@ def doctor(
 @click.option(
     "--socket-dir", default="/run/oci-device-hook", type=PathArg, help="where the socket is made (0700)"
 )
-@click.option("--config", "config_file", type=PathArg, help="settings (`decider: off`: do not serve)")
-def serve_cmd(socket_dir: Path, config_file: Path | None) -> None:
-    """Run the warm decider: live hooks on this node hand their containers to it (as root)."""
+@click.option("--config", "config_file", help="settings (`decider: off`: do not serve)")
+@click.option("--driver-root", help="as the hooks it serves give it")
+@click.option("--cdi-spec-dir", "spec_dirs", multiple=True, help="as the hooks give it (repeatable)")
+@click.option("--inventory", help="as the hooks it serves give it")
+def serve_cmd(
+    socket_dir: Path, config_file: str | None, driver_root: str | None, spec_dirs: tuple[str, ...],
+    inventory: str | None,
+) -> None:  # fmt: skip
+    """Run the warm decider (as root). It decides for the hooks on this node that run with exactly
+    these options and the settings file they name; any other hook decides in-process."""
     from hook.routes.serve import serve
 
-    _finish("", serve(str(socket_dir), str(config_file) if config_file else None))
+    opts: dict[str, list[str]] = {}
+    given = (("--config", config_file), ("--driver-root", driver_root), ("--inventory", inventory))
+    for name, value in given:
+        if value is not None:
+            opts[name] = [value]
+    if spec_dirs:
+        opts["--cdi-spec-dir"] = list(spec_dirs)
+    _finish("", serve(opts, str(socket_dir)))
 
 
 @cli.command("log")

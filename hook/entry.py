@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hook.routes.fastpath import MAX_CONFIG, MAX_STATE, fast_path, precreate_fast, read_limited
+from hook.routes.fastpath import MAX_CONFIG, MAX_STATE, look_at, precreate_fast, read_limited
 
 TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "settings", "serve"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
@@ -105,9 +105,15 @@ def precreate(opts: dict[str, list[str]]) -> int:
         stdin = b""
     if len(stdin) <= MAX_CONFIG and precreate_fast(opts, stdin):
         return _hand_over(stdin, 0)
-    from hook.routes.precreate import run_precreate
+    try:
+        from hook.routes.offer import spec_level
 
-    code, out = run_precreate(opts, stdin)
+        code, out = spec_level("precreate", opts, stdin)
+    except Exception as exc:  # the runtime shows one line, never a traceback
+        from hook.core.escape import clean
+
+        sys.stderr.write(f"oci-device-hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
+        return 1
     return _hand_over(out, code) if out else code
 
 
@@ -117,11 +123,11 @@ def _hand_over(out: bytes, code: int) -> int:
     try:
         _write_out(out)
     except OSError as exc:
-        from hook.routes.precreate import _runtime_log
+        from hook.routes.act import runtime_log
 
         line = f"oci-device-hook: stdout: cannot write the config for the runtime: {exc.strerror or exc}"
         sys.stderr.write(line + "\n")
-        _runtime_log(line)
+        runtime_log(line)
         return 1
     return code
 
@@ -158,55 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         stdin = read_limited(0, MAX_STATE * 2)
     except (OSError, ValueError):
         stdin = b""
-    if fast_path(opts, stdin):
+    look = look_at(opts, stdin)
+    if look.done:
         return 0
-    served = _served(stage, opts, stdin)
-    if not isinstance(served, str):
-        return served
-    from hook.routes.live import Session, run_live
-
     try:
-        return run_live(opts, stdin, Session((f"decider: {served}; decided in-process",) if served else ()))
+        from hook.routes.offer import live_level
+
+        return live_level(stage, opts, look)
     except Exception as exc:  # the runtime shows one line, never a traceback
         from hook.core.escape import clean
 
         sys.stderr.write(f"oci-device-hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
         return 1
-
-
-def _served(stage: str, opts: dict[str, list[str]], stdin: bytes) -> int | str:
-    """The warm decider's exit status for this container, or why it decided nothing ("": none here).
-
-    Only a runtime's run is served (the state in a pipe or socket): by hand, the in-process path
-    prints the record instead of logging it. A decider that took the container and then ended
-    refuses it (exit 1, one line); it is never applied twice.
-    """
-    try:
-        if os.fstat(0).st_mode & 0o170000 not in (0o010000, 0o140000):  # S_ISFIFO, S_ISSOCK
-            return ""
-    except OSError:
-        return ""
-    from hook.routes.client import Refused, ask
-    from hook.routes.fastpath import loads
-
-    try:
-        pid = loads(stdin).get("pid")
-    except Exception:  # the in-process path reports a broken state with its file and field
-        return ""
-    try:
-        got = ask(stage, opts, stdin, pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
-    except Refused as exc:
-        from hook.routes.client import SOCKET_DIR, SOCKET_NAME
-
-        where = f"{SOCKET_DIR}/{SOCKET_NAME}"
-        sys.stderr.write(f"oci-device-hook: {where}: the decider ended while applying ({exc}): refused\n")
-        return 1
-    if isinstance(got, str):
-        return got
-    code, err = got
-    sys.stderr.flush()
-    _write_fd(2, err)
-    return code
 
 
 def run() -> None:

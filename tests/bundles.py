@@ -234,7 +234,9 @@ PRIVATE_RUN = (
         "private",
         "sh",
         "-c",
-        'mount -t tmpfs tmpfs /run && { [ ! -d /var/log ] || mount -t tmpfs tmpfs /var/log; } && exec "$@"',
+        'mount -t tmpfs tmpfs /run && { [ ! -d /var/log ] || mount -t tmpfs tmpfs /var/log; }'
+        " && mkdir -p /var/lib/oci-device-hook && mount -t tmpfs -o mode=0700 tmpfs /var/lib/oci-device-hook"
+        ' && exec "$@"',
         "sh",
     ]
 )

@@ -1,9 +1,10 @@
-"""The warm decider and the thin client without a container runtime: the wire, the trust checks,
-every fallback of issue 23 item 3, and the views kept by file identity (``hook.sources.warm``).
+"""The warm decider and the thin client without a container runtime: the wire, the key, every way
+a hook falls back, and the views kept by file identity (``hook.sources.warm``).
 
-The decider runs in a thread of this process on a socket in ``tmp_path`` (``client.SOCKET_DIR``
-is pointed there); misbehaving deciders are small fake servers. A real container start through
-the decider (runc, cgroup v1 and v2) is tests/live/test_decider_live.py.
+The decider runs in a thread of this process on a socket in ``tmp_path`` (``wire.SOCKET_DIR`` and
+``wire.KEY_DIR`` are pointed there); misbehaving deciders are small fake servers. Real container
+starts through the decider (runc, cgroup v1 and v2) are tests/live/test_decider_live.py; the
+attacks from a container are tests/live/test_decider_attacks.py.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from hook.core.errors import InputError
-from hook.routes import client, fastpath, serve
-from hook.routes.live import run_live
-from hook.sources import settingsfile as settings
+from hook.routes import act, client, serve, wire
+from hook.routes.decision import Live, from_wire, to_wire
+from hook.routes.fastpath import look_at
+from hook.routes.live import decide_live, run_live
 from hook.sources import warm
 from tests.bundles import PRIVATE_RUN, gen, settings_file, state, write_bundle
 
@@ -32,18 +34,33 @@ NEEDS_DECISION = "privileged-no-allocation"  # decided "none": logged, nothing t
 
 @pytest.fixture
 def sockdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The decider's socket dir, and the fast-path record (which a live run writes) in tmp_path."""
+    """The decider's socket and key dirs, and the fast-path record (a decision writes it), in tmp_path."""
     d = tmp_path / "run"
     d.mkdir(mode=0o700)
-    monkeypatch.setattr(client, "SOCKET_DIR", str(d))
-    monkeypatch.setattr(fastpath, "FASTPATH_CACHE", str(d / "fastpath.json"))
-    monkeypatch.setattr(settings, "FASTPATH_CACHE", d / "fastpath.json")
+    keys = tmp_path / "keys"
+    monkeypatch.setattr(wire, "SOCKET_DIR", str(d))
+    monkeypatch.setattr(wire, "KEY_DIR", str(keys))
+    from hook.routes import fastpath
+    from hook.sources import privatefile, settingsfile
+
+    monkeypatch.setattr(privatefile, "FASTPATH_CACHE", str(d / "fastpath.json"))
+    monkeypatch.setattr(fastpath, "FASTPATH_CACHE", str(d / "fastpath.json"), raising=False)
+    monkeypatch.setattr(settingsfile, "FASTPATH_CACHE", d / "fastpath.json")
     return d
 
 
+def a_container(tmp_path: Path) -> tuple[dict[str, list[str]], bytes, Path]:
+    settings = settings_file(tmp_path)
+    bundle = write_bundle(tmp_path / "b", gen.bundles()[NEEDS_DECISION])
+    inventory = Path(gen.__file__).parent / "node" / "inventory.json"
+    opts = {"--config": [str(settings)], "--inventory": [str(inventory)]}
+    return opts, state(bundle, id="ctr-1"), tmp_path / "hook.log"
+
+
 @pytest.fixture
-def decider(sockdir: Path) -> Iterator[serve.Decider]:
-    d = serve.Decider(str(sockdir))
+def decider(sockdir: Path, tmp_path: Path) -> Iterator[serve.Decider]:
+    opts, _, _ = a_container(tmp_path)
+    d = serve.Decider(str(sockdir), key=wire.make_key(), opts=opts, settings_path=opts["--config"][0])
     d.listen()
     t = threading.Thread(target=d.run, daemon=True)
     t.start()
@@ -53,9 +70,9 @@ def decider(sockdir: Path) -> Iterator[serve.Decider]:
 
 
 def fake(sockdir: Path, behave: Callable[[socket.socket], None]) -> threading.Thread:
-    """A decider that accepts one connection and does ``behave`` with it."""
+    """A listener that accepts one connection and does ``behave`` with it."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(sockdir / client.SOCKET_NAME))
+    s.bind(str(sockdir / wire.SOCKET_NAME))
     s.listen(4)
 
     def run() -> None:
@@ -69,49 +86,86 @@ def fake(sockdir: Path, behave: Callable[[socket.socket], None]) -> threading.Th
     return t
 
 
-def a_container(tmp_path: Path) -> tuple[dict[str, list[str]], bytes, Path]:
-    settings = settings_file(tmp_path)
-    bundle = write_bundle(tmp_path / "b", gen.bundles()[NEEDS_DECISION])
-    inventory = Path(gen.__file__).parent / "node" / "inventory.json"
-    opts = {"--config": [str(settings)], "--inventory": [str(inventory)], "--log": [""]}
-    return opts, state(bundle, id="ctr-1"), tmp_path / "hook.log"
+def ask_live(opts: dict[str, list[str]], stdin: bytes) -> tuple[str, bytes | str]:
+    look = look_at(opts, stdin, fast=False)
+    look.read_config()
+    assert look.config_bytes is not None
+    fp = wire.fingerprint(opts, opts["--config"][-1])
+    return client.ask(b"live", fp, [(wire.STATE, stdin), (wire.CONFIG, look.config_bytes)], 5.0)
 
 
 def log_lines(log: Path) -> list[dict[str, object]]:
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     for line in lines:
         line.pop("time", None)
+        line.pop("duration_ms", None)
+        line.pop("decider", None)
     return lines
 
 
-# --- served as in-process ---------------------------------------------------------------------
+# --- it decides as in-process, and acts on nothing -------------------------------------------------
 
 
 def test_a_served_decision_is_the_in_process_one(tmp_path: Path, decider: serve.Decider) -> None:
     opts, stdin, log = a_container(tmp_path)
-    assert run_live(opts, stdin) == 0
-    got = client.ask("prestart", opts, stdin, None)
-    assert got == (0, b"")
-    first, second = log_lines(log)
-    assert first == second and first["verdict"] == "none"
+    got, body = ask_live(opts, stdin)
+    assert got == "answered" and isinstance(body, bytes)
+    assert not log.exists()  # the decider decided and logged nothing
+    served = from_wire(body)
+    assert served == decide_live(opts, look_at(opts, stdin, fast=False))
+    assert isinstance(served, Live) and served.record["verdict"] == "none"
     assert decider.status()["requests"] == 1
 
 
-def test_a_served_error_is_the_in_process_error(tmp_path: Path, decider: serve.Decider, capsys) -> None:
-    opts, _, log = a_container(tmp_path)
-    stdin = state(tmp_path / "missing-bundle", id="ctr-2")
-    rc = run_live(opts, stdin)
-    err = capsys.readouterr().err.encode()
-    assert rc != 0 and err
-    assert client.ask("prestart", opts, stdin, None) == (rc, err)
-    first, second = log_lines(log)
-    assert first == second and first["verdict"] == "error"
+def test_a_served_error_is_the_in_process_error(tmp_path: Path, decider: serve.Decider) -> None:
+    opts, _, _ = a_container(tmp_path)
+    stdin = state(tmp_path / "b", id="ctr-2")
+    (tmp_path / "b" / "config.json").write_text("{not json")
+    got, body = ask_live(opts, stdin)
+    assert got == "answered" and isinstance(body, bytes)
+    served = from_wire(body)
+    assert served.code == 1 and "not valid JSON" in served.before
+    assert served == decide_live(opts, look_at(opts, stdin, fast=False))
+
+
+def test_decisions_cross_the_wire_unchanged(tmp_path: Path) -> None:
+    """A plan with rules and nodes, and a decided config, come back equal (and normalized in-process)."""
+    from hook.core.plan import Node, Plan, Verdict
+    from hook.core.rules import Access, DeviceType, Rule
+    from hook.routes.decision import LogTo, Spec
+
+    plan = Plan(
+        verdict=Verdict.APPLY,
+        reason="r",
+        rules=(
+            Rule(allow=False),
+            Rule(allow=True, type=DeviceType.CHAR, major=195, minor=1, access=Access.R | Access.W),
+        ),
+        create=(Node(path="/dev/nvidia1", type="c", major=195, minor=1, file_mode=0o640, uid=1, gid=2),),
+        remove=("/dev/nvidia0",),
+        denied=("/dev/x",),
+    )
+    live = Live(
+        code=0,
+        record={"verdict": "apply", "warnings": ["w"]},
+        log=LogTo(file="/l", max_bytes=5000),
+        annotations={"a": "b"},
+        cgroups_path="/c",
+        before="x\n",
+        plan=plan,
+        rootfs="/r",
+        host_dev=("/dev",),
+        container="c1",
+    )
+    assert from_wire(to_wire(live)) == live
+    spec = Spec(code=3, out='{"\u00e9": 1}\n'.encode(), record=None, runtime_log="no")
+    assert from_wire(to_wire(spec)) == spec
 
 
 def test_status_counts_requests(tmp_path: Path, decider: serve.Decider) -> None:
     opts, stdin, _ = a_container(tmp_path)
     for _ in range(3):
-        assert client.ask("prestart", opts, stdin, None) == (0, b"")
+        assert ask_live(opts, stdin)[0] == "answered"
     st = client.status()
     assert isinstance(st, dict)
     assert (st["requests"], st["version"], st["pid"]) == (3, serve.VERSION, os.getpid())
@@ -119,7 +173,7 @@ def test_status_counts_requests(tmp_path: Path, decider: serve.Decider) -> None:
 
 
 def test_the_socket_is_root_only(sockdir: Path, decider: serve.Decider) -> None:
-    st = os.lstat(sockdir / client.SOCKET_NAME)
+    st = os.lstat(sockdir / wire.SOCKET_NAME)
     assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.geteuid()
     assert os.lstat(sockdir).st_mode & 0o777 == 0o700
 
@@ -129,196 +183,239 @@ def test_a_group_readable_socket_dir_is_refused(tmp_path: Path) -> None:
     d.mkdir(mode=0o755)
     os.chmod(d, 0o755)
     with pytest.raises(Exception, match="mode 0700"):
-        serve.Decider(str(d)).listen()
+        serve.Decider(str(d), key=b"k" * 32).listen()
 
 
-# --- the container handed over by pidfd -----------------------------------------------------------
+# --- nothing but the container comes from the requester ---------------------------------------------
 
 
-def request(opts: dict[str, list[str]], stdin: bytes) -> bytes:
-    head = client.frame(client.REQUEST, client.encode_opts("prestart", opts))
-    return head + client.frame(client.STATE, stdin)
-
-
-def raw_request(stdin: bytes, pidfd: int | None, opts: dict[str, list[str]]) -> tuple[bytes, bytes]:
-    """Send a request by hand (as a forging client would); the decider's first frame."""
+def raw(sockdir: Path, data: bytes) -> bytes:
+    """Send ``data`` as a forging client would; everything the listener says back."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)
-    s.connect(os.path.join(client.SOCKET_DIR, client.SOCKET_NAME))
-    payload = request(opts, stdin)
-    fds = [] if pidfd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, pidfd.to_bytes(4, sys.byteorder))]
-    s.sendmsg([payload], fds)
+    s.connect(str(sockdir / wire.SOCKET_NAME))
     with s:
-        return client.read_frame(s)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:  # closed with the rest of the request unread
+            pass
+    return b"".join(chunks)
 
 
-def test_a_pid_that_is_not_the_pidfds_process_is_declined(tmp_path: Path, decider: serve.Decider) -> None:
-    """The state names one process, the pidfd another: declined, never decided (nothing logged)."""
-    opts, _, log = a_container(tmp_path)
-    other = subprocess.Popen(["sleep", "30"])
-    try:
-        fd = os.pidfd_open(other.pid)
-        stdin = state(tmp_path / "b", id="ctr-1", pid=os.getpid())
-        kind, body = raw_request(stdin, fd, opts)
-        os.close(fd)
-    finally:
-        other.kill()
-        other.wait()
-    assert kind == client.DECLINE
-    assert f"pidfd is process {other.pid}, the state says pid {os.getpid()}" in body.decode()
+@pytest.mark.parametrize("forged", ["no-mac", "wrong-key", "first-design"])
+def test_a_request_without_the_key_gets_nothing(
+    tmp_path: Path, sockdir: Path, decider: serve.Decider, forged: str
+) -> None:
+    opts, stdin, log = a_container(tmp_path)
+    head = wire.frame(
+        wire.REQUEST,
+        b"\0".join(
+            [
+                wire.MAGIC,
+                wire.PROTOCOL,
+                serve.VERSION.encode(),
+                b"live",
+                wire.fingerprint(opts, opts["--config"][0]).hex().encode(),
+                b"n",
+            ]
+        ),
+    )
+    if forged == "no-mac":
+        data = head + wire.frame(wire.STATE, stdin)
+    elif forged == "wrong-key":
+        data = head + wire.frame(wire.MAC, wire.mac(b"x" * 32, b"head", head)) + wire.frame(wire.STATE, stdin)
+    else:
+        data = wire.frame(
+            b"Q", b"\0".join([wire.MAGIC, serve.VERSION.encode(), b"1", b"prestart"])
+        ) + wire.frame(b"S", stdin)
+    assert raw(sockdir, data) == b""
+    assert decider.status()["unauthenticated"] == 1 and decider.status()["requests"] == 0
     assert not log.exists()
 
 
-def test_a_pid_without_a_pidfd_is_declined(tmp_path: Path, decider: serve.Decider) -> None:
-    opts, _, log = a_container(tmp_path)
-    kind, body = raw_request(state(tmp_path / "b", id="ctr-1", pid=os.getpid()), None, opts)
-    assert (kind, body) == (client.DECLINE, b"no pidfd for the state's pid")
+def test_a_hook_with_other_settings_is_declined(tmp_path: Path, decider: serve.Decider) -> None:
+    """Same request, but the hook names another driver root: declined (the hook decides itself)."""
+    opts, stdin, _ = a_container(tmp_path)
+    other = {**opts, "--driver-root": [str(tmp_path)]}
+    got, why = ask_live(other, stdin)
+    assert (got, why) == ("declined", "declined: the hook's settings file or options are not the decider's")
+    (tmp_path / "settings.yaml").write_text((tmp_path / "settings.yaml").read_text() + "\n# edited\n")
+    assert ask_live(opts, stdin)[0] == "answered"  # the same file, edited: both see the same identity
+
+
+def test_another_version_is_declined_without_a_pid(
+    tmp_path: Path, decider: serve.Decider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hook.routes import answer
+
+    monkeypatch.setattr(answer, "VERSION", "9.9.9")
+    opts, stdin, log = a_container(tmp_path)
+    got, why = ask_live(opts, stdin)
+    assert got == "declined" and "9.9.9" in str(why) and str(os.getpid()) not in str(why)
     assert not log.exists()
 
 
-def test_an_fd_that_is_not_a_pidfd_is_declined(tmp_path: Path, decider: serve.Decider) -> None:
-    opts, _, _ = a_container(tmp_path)
-    fd = os.open("/dev/null", os.O_RDONLY)
-    try:
-        kind, body = raw_request(state(tmp_path / "b", id="ctr-1", pid=os.getpid()), fd, opts)
-    finally:
-        os.close(fd)
-    assert kind == client.DECLINE and b"pidfd is process None" in body
+def test_the_fingerprint_covers_settings_identity_and_options(tmp_path: Path) -> None:
+    settings = tmp_path / "s.yaml"
+    settings.write_text("log_file: /x\n")
+    base = wire.fingerprint({}, str(settings))
+    assert wire.fingerprint({}, str(settings)) == base
+    assert wire.fingerprint({"--driver-root": ["/"]}, str(settings)) != base
+    assert wire.fingerprint({"--log": [""]}, str(settings)) == base  # not a decision input
+    settings.write_text("log_file: /y\n")
+    assert wire.fingerprint({}, str(settings)) != base
 
 
-def test_the_client_hands_over_its_pid_by_pidfd(tmp_path: Path, decider: serve.Decider) -> None:
-    """With the real client, the state's pid (a live process) passes the pidfd check."""
-    opts, _, log = a_container(tmp_path)
-    stdin = state(tmp_path / "b", id="ctr-1", pid=os.getpid())
-    assert client.ask("prestart", opts, stdin, os.getpid()) == (0, b"")
-    assert log_lines(log)[0]["verdict"] == "none"
+# --- the key -------------------------------------------------------------------------------------------
 
 
-def test_check_pid_fails_once_the_process_is_gone() -> None:
-    child = subprocess.Popen(["true"])
-    fd = os.pidfd_open(child.pid)
-    conn = socket.socket(socket.AF_UNIX)
-    session = serve._Served(conn, serve._Reader(conn, b""), fd)
-    session.check_pid(child.pid)  # not reaped yet: still that process
-    child.wait()
-    with pytest.raises(Exception, match="has exited"):
-        session.check_pid(child.pid)
-    os.close(fd)
+def test_the_key_is_made_once_root_only(tmp_path: Path) -> None:
+    d = tmp_path / "k"
+    key = wire.make_key(str(d))
+    assert len(key) == 32 and wire.make_key(str(d)) == key == wire.read_key(str(d))
+    assert os.stat(d).st_mode & 0o777 == 0o700 and os.stat(d / wire.KEY_NAME).st_mode & 0o777 == 0o600
 
 
-# --- every failure falls back (item 3) --------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["symlink", "group-readable", "short", "dir-open", "fifo"])
+def test_a_key_that_cannot_be_trusted_is_none(tmp_path: Path, bad: str) -> None:
+    d = tmp_path / "k"
+    key = wire.make_key(str(d))
+    path = d / wire.KEY_NAME
+    if bad == "symlink":
+        other = tmp_path / "elsewhere"
+        other.write_bytes(key)
+        other.chmod(0o600)
+        path.unlink()
+        path.symlink_to(other)
+    elif bad == "group-readable":
+        path.chmod(0o640)
+    elif bad == "short":
+        path.write_bytes(key[:16])
+    elif bad == "dir-open":
+        d.chmod(0o755)
+    else:
+        path.unlink()
+        os.mkfifo(path, 0o600)
+    assert wire.read_key(str(d)) is None
+    if bad != "dir-open":
+        fresh = wire.make_key(str(d))  # replaced by a rename, never written through what sits there
+        assert len(fresh) == 32 and not path.is_symlink() and wire.read_key(str(d)) == fresh
+
+
+# --- every failure falls back, and says so -----------------------------------------------------------
 
 
 def test_no_socket_is_a_silent_fallback(tmp_path: Path, sockdir: Path) -> None:
     opts, stdin, _ = a_container(tmp_path)
-    assert client.ask("prestart", opts, stdin, None) == ""
+    assert ask_live(opts, stdin) == ("", "")
 
 
 def test_refused(tmp_path: Path, sockdir: Path) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(sockdir / client.SOCKET_NAME))  # bound, never listening: a stopped decider's socket
+    s.bind(str(sockdir / wire.SOCKET_NAME))  # bound, never listening: a stopped decider's socket
+    wire.make_key()
     opts, stdin, _ = a_container(tmp_path)
-    assert client.ask("prestart", opts, stdin, None) == "Connection refused"
+    assert ask_live(opts, stdin) == ("fallback", "Connection refused")
     s.close()
 
 
-def test_a_non_root_peer(tmp_path: Path, sockdir: Path) -> None:
-    """A socket whose listener is not uid 0 is never asked (nothing is sent to it)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to listen as another uid")
-    path = sockdir / client.SOCKET_NAME
-    code = (  # the peer's credentials are those at listen()
-        "import os, socket, sys, time\n"
-        f"s = socket.socket(socket.AF_UNIX); s.bind({str(path)!r})\n"
-        "os.setgid(65534); os.setuid(65534); s.listen(1)\n"
-        "print('up', flush=True); c, _ = s.accept(); print(len(c.recv(100)), flush=True)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
-        opts, stdin, _ = a_container(tmp_path)
-        assert client.ask("prestart", opts, stdin, None) == "the socket's peer is uid 65534, not root"
-        assert proc.wait(10) == 0 and proc.stdout.read() == "0\n"  # it got nothing
-    finally:
-        proc.kill()
-
-
-def test_another_version(tmp_path: Path, decider: serve.Decider, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "VERSION", "9.9.9")
-    opts, stdin, log = a_container(tmp_path)
-    got = client.ask("prestart", opts, stdin, None)
-    assert isinstance(got, str) and got.startswith("declined: decider is version 9.9.9, the hook ")
-    assert not log.exists()
+def test_no_key_means_no_trust(tmp_path: Path, sockdir: Path) -> None:
+    """A listener on a node without the key is never believed (nothing is sent to it)."""
+    got: list[bytes] = []
+    t = fake(sockdir, lambda conn: got.append(conn.recv(100)))
+    opts, stdin, _ = a_container(tmp_path)
+    status, why = ask_live(opts, stdin)
+    assert status == "untrusted" and "no usable key" in str(why)
+    t.join(5)
+    assert got == [b""]
 
 
 @pytest.mark.parametrize(
-    "answer, why",
+    "answer",
     [
-        (client.frame(client.ANSWER, b"zero\0x"), "malformed answer"),
-        (client.frame(b"?", b""), "unexpected answer b'?'"),
-        (b"A\xff\xff\xff\xff", "frame of 4294967295 bytes"),
-        (b"", "connection closed"),
+        wire.frame(wire.ANSWER, b"{}") + wire.frame(wire.MAC, bytes(32)),  # a made-up proof
+        wire.frame(wire.ANSWER, b"0\0"),  # the first design's "applied, exit 0", no proof
+        wire.frame(wire.DECLINE, b"busy") + wire.frame(wire.MAC, bytes(32)),
     ],
-    ids=["malformed", "unknown-kind", "huge-frame", "missing"],
+    ids=["forged-proof", "first-design-answer", "forged-decline"],
 )
-def test_a_bad_or_missing_answer(tmp_path: Path, sockdir: Path, answer: bytes, why: str) -> None:
+def test_an_answer_without_the_proof_is_untrusted(tmp_path: Path, sockdir: Path, answer: bytes) -> None:
+    wire.make_key()
+
     def behave(conn: socket.socket) -> None:
         conn.recv(1 << 16)
         conn.sendall(answer)
 
     t = fake(sockdir, behave)
     opts, stdin, _ = a_container(tmp_path)
-    assert client.ask("prestart", opts, stdin, None) == why
+    status, why = ask_live(opts, stdin)
     t.join(5)
+    if answer.startswith(wire.ANSWER) and len(answer) < 20:
+        assert status in ("untrusted", "fallback")  # its proof never comes: a closed connection
+    else:
+        assert status == "untrusted" and "untrusted listener" in str(why)
+
+
+def test_a_replayed_answer_is_untrusted(tmp_path: Path, sockdir: Path, decider: serve.Decider) -> None:
+    """A real answer, recorded and sent back to the next request (another nonce), fails its proof."""
+    opts, stdin, _ = a_container(tmp_path)
+    recorded: list[bytes] = []
+    real = client.ask
+
+    def spy(route: bytes, fp: bytes, parts: list[tuple[bytes, bytes]], timeout: float | None = None):
+        got = real(route, fp, parts, timeout)
+        recorded.append(got[1] if isinstance(got[1], bytes) else b"")
+        return got
+
+    assert (
+        spy(
+            b"live",
+            wire.fingerprint(opts, opts["--config"][0]),
+            [(wire.STATE, stdin), (wire.CONFIG, (tmp_path / "b" / "config.json").read_bytes())],
+            5.0,
+        )[0]
+        == "answered"
+    )
+    decider.close()
+    key = wire.read_key()
+    assert key is not None
+    replay = wire.frame(wire.ANSWER, recorded[0]) + wire.frame(
+        wire.MAC, wire.mac(key, b"answer", b"old", wire.ANSWER, recorded[0])
+    )
+
+    def behave(conn: socket.socket) -> None:
+        conn.recv(1 << 20)
+        conn.sendall(replay)
+
+    t = fake(sockdir, behave)
+    status, why = ask_live(opts, stdin)
+    t.join(5)
+    assert status == "untrusted", why
 
 
 def test_a_silent_decider_times_out(tmp_path: Path, sockdir: Path) -> None:
+    wire.make_key()
     done = threading.Event()
     t = fake(sockdir, lambda conn: done.wait(5))
     opts, stdin, _ = a_container(tmp_path)
     start = time.monotonic()
-    assert client.ask("prestart", opts, stdin, None) == "no answer within 400 ms"
+    look = look_at(opts, stdin, fast=False)
+    look.read_config()
+    assert look.config_bytes is not None
+    got = client.ask(b"live", b"", [(wire.CONFIG, look.config_bytes)])
+    assert got == ("fallback", "no answer within 400 ms")
     assert time.monotonic() - start < 1.5
     done.set()
     t.join(5)
 
 
-def test_a_decider_that_dies_after_go_refuses(tmp_path: Path, sockdir: Path) -> None:
-    """After "go" the container is the decider's: its end is a refusal, never an in-process redo."""
-
-    def behave(conn: socket.socket) -> None:
-        conn.recv(1 << 16)
-        conn.sendall(client.frame(client.READY, b""))
-        assert client.read_frame(conn)[0] == client.GO
-        # and then it dies
-
-    t = fake(sockdir, behave)
-    opts, stdin, _ = a_container(tmp_path)
-    with pytest.raises(client.Refused, match="connection closed"):
-        client.ask("prestart", opts, stdin, None)
-    t.join(5)
-
-
-def test_a_client_that_left_is_abandoned_unapplied(tmp_path: Path, decider: serve.Decider) -> None:
-    """The client timed out (decided in-process): the decider's "ready" finds no "go", so it
-    neither applies nor logs."""
-    opts, stdin, log = a_container(tmp_path)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(os.path.join(client.SOCKET_DIR, client.SOCKET_NAME))
-    s.sendall(request(opts, stdin))
-    assert client.read_frame(s)[0] == client.READY
-    s.close()
-    for _ in range(100):
-        if decider.status()["abandoned"]:
-            break
-        time.sleep(0.02)
-    assert decider.status()["abandoned"] == 1 and decider.status()["requests"] == 0
-    assert not log.exists()
-
-
 def test_the_hook_falls_back_with_one_warning_in_the_log(tmp_path: Path) -> None:
     """End to end (console script, the state in a pipe): a socket nobody listens on → decided
-    in-process, the same record plus one warning."""
+    in-process, the same record plus one warning and ``decider: fallback``."""
     opts, stdin, log = a_container(tmp_path)
     args = [f"{k}={v}" if v else k for k, vs in opts.items() for v in vs]
     bind = (
@@ -333,14 +430,35 @@ def test_the_hook_falls_back_with_one_warning_in_the_log(tmp_path: Path) -> None
         [*PRIVATE_RUN, sys.executable, "-I", "-c", bind, *hook], input=stdin, capture_output=True, timeout=60
     )
     assert plain.returncode == stopped.returncode == 0, stopped.stderr
-    first, second = log_lines(log)
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    assert "decider" not in first and second.pop("decider") == "fallback"
     warning = "decider: Connection refused; decided in-process"
     assert second.pop("warnings") == [*first.pop("warnings", []), warning]
+    first.pop("time"), second.pop("time")
+    first.pop("duration_ms", None), second.pop("duration_ms", None)
     assert first == second
 
 
-# --- views kept by identity (hook.sources.warm)
-# ---------------------------------------------------------------
+def test_decider_off_in_the_hooks_settings_asks_nothing(
+    tmp_path: Path, sockdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``decider: off`` (read from the fast path's compiled record): no connection, record says "off"."""
+    from hook.routes import offer
+    from hook.routes.live import remember
+    from hook.sources.settingsfile import load_settings
+
+    settings = settings_file(tmp_path, decider="off")
+    bundle = write_bundle(tmp_path / "b", gen.bundles()[NEEDS_DECISION])
+    opts = {"--config": [str(settings)]}
+    assert remember(opts, load_settings(settings)) == ""  # the record the first container leaves
+    connects: list[int] = []
+    monkeypatch.setattr(client, "_connect", lambda t: connects.append(1))
+    monkeypatch.setattr(offer, "_by_pipe", lambda: True)
+    decision, session = offer.live("prestart", opts, look_at(opts, state(bundle), fast=False))
+    assert decision is None and session.decider == "off" and connects == []
+
+
+# --- views kept by identity (hook.sources.warm) ---------------------------------------------------------
 
 
 @pytest.fixture
@@ -403,16 +521,28 @@ def test_decider_off_in_the_settings_stops_serve_before_it_listens(tmp_path: Pat
     settings.write_text("decider: off\n")
     sock_dir = tmp_path / "sock"
     proc = subprocess.run(
-        [sys.executable, "-I", "-m", "hook", "serve", "--config", str(settings),
-         "--socket-dir", str(sock_dir)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-I",
+            "-m",
+            "hook",
+            "serve",
+            "--config",
+            str(settings),
+            "--socket-dir",
+            str(sock_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert "decider: off" in proc.stderr and not sock_dir.exists()
 
 
 def test_decider_setting_takes_auto_or_off_only(tmp_path: Path) -> None:
-    from hook.sources.settingsfile import DeciderMode, load_settings
+    from hook.core.settings import DeciderMode
+    from hook.sources.settingsfile import load_settings
 
     good = tmp_path / "good.yaml"
     good.write_text("decider: off\n")
@@ -421,3 +551,10 @@ def test_decider_setting_takes_auto_or_off_only(tmp_path: Path) -> None:
     bad.write_text("decider: sometimes\n")
     with pytest.raises(InputError, match="decider"):
         load_settings(bad)
+
+
+def test_run_live_acts_on_the_decision(tmp_path: Path, sockdir: Path) -> None:
+    opts, stdin, log = a_container(tmp_path)
+    assert run_live({**opts, "--log": [""]}, stdin) == 0
+    assert log_lines(log)[0]["verdict"] == "none"
+    assert act.Session("prestart").route == "prestart"

@@ -340,14 +340,15 @@ def test_decider_check_says_whether_one_answers(tmp_path: Path, monkeypatch) -> 
     import socket
     import threading
 
-    from hook.routes import client, serve
+    from hook.routes import serve, wire
 
     sockdir = tmp_path / "run"
     sockdir.mkdir(mode=0o700)
-    monkeypatch.setattr(client, "SOCKET_DIR", str(sockdir))
+    monkeypatch.setattr(wire, "SOCKET_DIR", str(sockdir))
+    monkeypatch.setattr(wire, "KEY_DIR", str(tmp_path / "keys"))
     none = doctor.check_decider()
     assert none.ok and none.detail.startswith("not running")
-    d = serve.Decider(str(sockdir))
+    d = serve.Decider(str(sockdir), key=wire.make_key())
     d.listen()
     t = threading.Thread(target=d.run, daemon=True)
     t.start()
@@ -359,7 +360,7 @@ def test_decider_check_says_whether_one_answers(tmp_path: Path, monkeypatch) -> 
     assert up.ok and up.detail.startswith(f"answering: version {serve.VERSION}, pid ")
     assert " up " in up.detail and "0 request(s)" in up.detail
     stale = socket.socket(socket.AF_UNIX)
-    stale.bind(str(sockdir / client.SOCKET_NAME))
+    stale.bind(str(sockdir / wire.SOCKET_NAME))
     down = doctor.check_decider()
     stale.close()
     assert not down.ok and "Connection refused" in down.detail

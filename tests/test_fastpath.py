@@ -163,14 +163,13 @@ def test_an_internal_error_of_the_full_path_is_one_escaped_line_and_exit_1(
 ) -> None:
     """Issue 24 (fresh mutant s530669-058: the line dropped, so the runtime saw exit 1 and no
     reason): an unexpected exception on the full path is one line naming its type, escaped."""
-    import hook.routes.live
+    import hook.routes.offer
 
-    def boom(opts: object, stdin: bytes, session: object = None) -> int:
+    def boom(stage: str, opts: object, look: object) -> int:
         raise RuntimeError("bad \x1b[2J value\nsecond line")
 
     monkeypatch.setattr(hook.entry, "read_limited", lambda fd, limit: b"{}")
-    monkeypatch.setattr(hook.entry, "fast_path", lambda opts, stdin: False)
-    monkeypatch.setattr(hook.routes.live, "run_live", boom)
+    monkeypatch.setattr(hook.routes.offer, "live_level", boom)
     assert hook.entry.main(["prestart"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("oci-device-hook: internal error: RuntimeError: bad ")

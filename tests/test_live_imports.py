@@ -61,6 +61,8 @@ HOOK_MODULES = {
     "hook.core.escape",
     # issue 23: the (absent) decider is asked first; views kept only in it
     "hook.routes.client", "hook.sources.warm",
+    # issue 27: the offer (wire + client) and the one decide-then-act path, decided here or served
+    "hook.routes.offer", "hook.routes.wire", "hook.routes.act", "hook.routes.decision",
 }  # fmt: skip
 # Never on this path: heavy, or only for other paths (the first container's cache writes excepted).
 FORBIDDEN = {
@@ -70,7 +72,9 @@ FORBIDDEN = {
     "typing", "contextlib", "importlib", "hook.sources.nvidia.nvml",
 }  # fmt: skip
 
-def _slice_pod_runs(tmp: Path, count: int, cgroup2: bool = False) -> list[dict[str, object]]:
+def _slice_pod_runs(
+    tmp: Path, count: int, cgroup2: bool = False, runner: Path = REPO / "bench" / "hookproc.py"
+) -> list[dict[str, object]]:
     root = tmp / "driver"
     make_host_tree(root, "8x-mig", mknod=True)
     lib = tmp / "lib"
@@ -80,7 +84,7 @@ def _slice_pod_runs(tmp: Path, count: int, cgroup2: bool = False) -> list[dict[s
     settings = tmp / "settings.yaml"
     settings.write_text(f"log_file: {tmp / 'hook.log'}\ncache_dir: {tmp / 'cache'}\n")
     out = tmp / "modules.jsonl"
-    hook = [sys.executable, "-ISB", str(REPO / "bench" / "hookproc.py"), str(lib), str(out), "--",
+    hook = [sys.executable, "-ISB", str(runner), str(lib), str(out), "--",
             "--config", str(settings), "--driver-root", str(root)]  # fmt: skip
     rootfs = bundles.build_rootfs(tmp / "rootfs")
     state_root = tmp / "runc"
@@ -116,3 +120,12 @@ def test_the_slice_pods_live_path_loads_what_it_uses(tmp_path: Path, cgroup2: bo
     assert ours == (HOOK_MODULES | V2_MODULES if cgroup2 else HOOK_MODULES)
     forbidden = (FORBIDDEN - V2_MODULES if cgroup2 else FORBIDDEN) | {"platform"}
     assert not {m for m in loaded if m in forbidden or any(m.startswith(f + ".") for f in forbidden)}
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+def test_the_slice_pods_live_path_reads_and_parses_config_json_once(tmp_path: Path, cgroup2: bool) -> None:
+    """Issue 30 item 4: the state and config.json are loaded once (``hook.routes.fastpath.look_at``)
+    and handed down as values: one open, one JSON decode, one ``parse_config_object``, for the
+    first container (no fast-path record yet) and the next (the fast path reads it)."""
+    runs = _slice_pod_runs(tmp_path, 2, cgroup2, runner=REPO / "tests" / "parsecount.py")
+    assert runs == [{"rc": 0, "opens": 1, "decodes": 1, "parses": 1}] * 2

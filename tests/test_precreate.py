@@ -473,15 +473,15 @@ def test_the_runtime_log_line_is_appended_to_a_0644_file_and_closed(
     """Issue 24 (fresh mutants s530669-163: mode 0645, -164: the descriptor never closed): the
     runtime's ``--log`` file the hook may create is the runtime's own 0644, and the hook's process
     keeps no descriptor on it."""
-    import hook.routes.precreate
+    import hook.routes.act
 
     log = tmp_path / "runc.log"
     old = os.umask(0o022)
     try:
-        monkeypatch.setenv(hook.routes.precreate.RUNTIME_LOG_ENV, str(log))
+        monkeypatch.setenv(hook.routes.act.RUNTIME_LOG_ENV, str(log))
         before = set(os.listdir("/proc/self/fd"))
-        hook.routes.precreate._runtime_log("oci-device-hook: deny: x")
-        hook.routes.precreate._runtime_log("oci-device-hook: deny: y")
+        hook.routes.act.runtime_log("oci-device-hook: deny: x")
+        hook.routes.act.runtime_log("oci-device-hook: deny: y")
         assert set(os.listdir("/proc/self/fd")) == before
     finally:
         os.umask(old)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from hook.adapters.marker import ANNOTATION
-from hook.routes import precreate, wrapper
+from hook.routes import act, wrapper
 from tests.bundles import EXAMPLES
 from tests.test_runtime_wrapper import IN_NS, kit, put, saw, wrap  # noqa: F401 - kit is a fixture
 
@@ -150,8 +150,8 @@ def _slow_hook(k: dict[str, Any], seconds: float) -> None:
     code = (
         "import sys, time\n"
         "import hook.routes.precreate as p\n"
-        "real = p.run_precreate\n"
-        f"p.run_precreate = lambda *a: (time.sleep({seconds}), real(*a))[1]\n"
+        "real = p.decide_spec\n"
+        f"p.decide_spec = lambda *a: (time.sleep({seconds}), real(*a))[1]\n"
         "from hook.entry import run\n"
         'sys.argv = ["hook", *sys.argv[1:]]\n'
         "run()\n"
@@ -249,13 +249,11 @@ def test_a_fifo_at_the_settings_path_never_hangs_the_pass_through(kit: dict[str,
 
 
 def test_the_wrapper_names_precreates_environment() -> None:
-    """hook.routes.wrapper keeps its own copy of the names (importing hook.routes.precreate costs every
-    create)."""
-    assert (wrapper.RUNTIME_SEEN_ENV, wrapper.CONTAINER_ID_ENV) == (
-        precreate.RUNTIME_SEEN_ENV,
-        precreate.CONTAINER_ID_ENV,
-    )
+    """hook.routes.wrapper keeps its own copy of the names the decision reads (``hook.routes.act``'s:
+    precreate and the decider's request read them there)."""
+    seen_and_id = (act.RUNTIME_SEEN_ENV, act.CONTAINER_ID_ENV)
+    assert seen_and_id == (wrapper.RUNTIME_SEEN_ENV, wrapper.CONTAINER_ID_ENV)
     assert (wrapper.RUNTIME_LOG_ENV, wrapper.RUNTIME_LOG_FORMAT_ENV) == (
-        precreate.RUNTIME_LOG_ENV,
-        precreate.RUNTIME_LOG_FORMAT_ENV,
+        act.RUNTIME_LOG_ENV,
+        act.RUNTIME_LOG_FORMAT_ENV,
     )

@@ -26,7 +26,7 @@ __all__ = [
     "Mount",
     "LinuxDevice",
     "OciConfig",
-    "parse_state",
+    "parse_state", "parse_state_object",
     "parse_config",
     "parse_config_object",
     "load_json_object",
@@ -178,7 +178,11 @@ def _str_map(value: Any, source: str, name: str) -> dict[str, str]:
 
 def parse_state(data: bytes, source: str) -> OciState:
     """Parse the state a runtime writes to a hook's stdin (tolerating ``bundlePath`` and crun's ``root``)."""
-    obj = load_json_object(data, source, MAX_STATE_BYTES)
+    return parse_state_object(load_json_object(data, source, MAX_STATE_BYTES), source)
+
+
+def parse_state_object(obj: dict[str, Any], source: str) -> OciState:
+    """``parse_state`` on an already decoded object (the one the fast path decoded)."""
     bundle = obj.get("bundle", obj.get("bundlePath"))
     if not isinstance(bundle, str) or not bundle:
         raise InputError(source, "bundle", "missing" if bundle is None else "expected a non-empty string")

@@ -1,154 +1,35 @@
-"""The thin client: a container that needs a decision is handed to the warm decider (``hook serve``).
+"""The thin client: a container that needs a decision is first offered to the node's decider.
 
 Rule: this runs in the per-start process right after the fast path said "a decision is needed",
-so it imports what the fast path imports plus ``_socket`` (no ``socket``, ``json`` or
-``struct``). It talks only to a root-owned socket in a root-only directory and checks the peer
-is uid 0 (``SO_PEERCRED``); the container goes over as a pidfd (``SCM_RIGHTS``), which a
-recycled pid cannot fake. It never answers for the decider: any failure before the decider asks
-"may I apply?" returns a reason, and the caller decides in-process exactly as without a
-decider. Once this client has said "go", the decider owns the container: a decider that then
-dies or falls silent refuses it (the runtime tears it down), never a second, in-process apply.
+so it imports what the fast path imports plus ``_socket`` and ``hook.routes.wire`` (``os`` and
+``_blake2``). It never decides and trusts nothing but the node's key: the request carries only
+what the runtime handed the hook (the state and config.json's bytes, or the config and the
+container id at spec level) and a fingerprint of the hook's settings and options, MACed with the
+key; an answer counts only if its MAC binds it to this request. Anything else (no socket, no
+key, a refused or silent socket, a decline, a listener that cannot prove the key) returns why,
+and the caller decides in-process. The hook, never the decider, then acts on the decision.
 
-The wire (one unix stream, frames of ``kind`` byte + 4-byte big-endian length + payload):
-client → ``Q`` (NUL-separated: magic, hook version, protocol, ``stage``, then ``--opt=value``
-for each live option; the pidfd rides along) and ``S`` (the OCI state as the runtime gave it);
-decider → ``D`` (declined: a reason; decide in-process), ``R`` (decided, about to apply or log),
-client → ``G`` (go), decider → ``A`` (``rc`` NUL stderr text). ``T`` asks for the decider's
-status (``hook doctor``) and gets ``A`` with a JSON object.
+The wire (one unix stream, ``hook.routes.wire`` frames): client → ``Q`` (NUL-separated: magic,
+protocol, hook version, route, fingerprint, nonce), ``M`` (MAC of ``Q``), then ``S`` (state),
+``C`` (config), ``F`` (facts), and ``M`` (MAC of everything before); decider → ``A`` (the decision,
+JSON; for ``status``, the counters) or ``D`` (declined: why), then ``M`` (MAC over the request's
+MAC, the kind and the payload). A request that fails its MAC gets no byte back.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
-SOCKET_DIR = "/run/oci-device-hook"
-SOCKET_NAME = "decider.sock"
-MAGIC = b"oci-device-hook"
-PROTOCOL = b"1"
-DECIDE_TIMEOUT = 0.4  # connect, send and "ready" (or an answer) all within this; else in-process
+from hook.routes import wire
+
+__all__ = ["DECIDE_TIMEOUT", "TIMEOUT_ENV", "ask", "decide_timeout", "status", "where"]
+
+DECIDE_TIMEOUT = 0.4  # connect, send and the answer all within this; else in-process
 TIMEOUT_ENV = "OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS"  # the hook's environment may set 50..5000
-APPLY_TIMEOUT = 20.0  # after "go": the decider applies; silence this long refuses the container
-MAX_FRAME = 4 << 20
-REQUEST, STATE, DECLINE, READY, GO, ANSWER, STATUS = b"Q", b"S", b"D", b"R", b"G", b"A", b"T"
 
 
-class Refused(Exception):
-    """The decider took the container ("go") and then ended without an answer: refuse it."""
-
-
-def frame(kind: bytes, payload: bytes) -> bytes:
-    return kind + len(payload).to_bytes(4, "big") + payload
-
-
-def read_frame(sock: object, limit: int = MAX_FRAME) -> tuple[bytes, bytes]:
-    """One frame from ``sock`` (a ``_socket.socket``); ``ValueError`` on EOF or a malformed frame."""
-    head = _exactly(sock, 5)
-    size = int.from_bytes(head[1:], "big")
-    if size > limit:
-        raise ValueError(f"frame of {size} bytes")
-    return head[:1], _exactly(sock, size)
-
-
-def _exactly(sock: object, n: int) -> bytes:
-    chunks: list[bytes] = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))  # type: ignore[attr-defined]
-        if not chunk:
-            raise ValueError("connection closed")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def encode_opts(stage: str, opts: dict[str, list[str]]) -> bytes:
-    from hook.core.version import VERSION
-
-    fields = [MAGIC, VERSION.encode(), PROTOCOL, stage.encode()]
-    fields += [f"{name}={value}".encode() for name, values in opts.items() for value in values]
-    return b"\0".join(fields)
-
-
-def _connect(timeout: float) -> object:
-    """A connected socket to a root decider, or an OSError/ValueError saying why not."""
-    import _socket
-
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(os.path.join(SOCKET_DIR, SOCKET_NAME))
-        cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
-        uid = int.from_bytes(cred[4:8], sys.byteorder)  # struct ucred {pid, uid, gid}, native order
-        if uid != 0:
-            raise ValueError(f"the socket's peer is uid {uid}, not root")
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def ask(stage: str, opts: dict[str, list[str]], stdin: bytes, pid: int | None) -> tuple[int, bytes] | str:
-    """The decider's ``(exit status, stderr bytes)`` for this container, or why to decide in-process.
-
-    Raises ``Refused`` only after "go": from then on the decider alone may apply.
-    """
-    import _socket
-    import time
-
-    limit = decide_timeout()
-    deadline = time.monotonic() + limit
-    pidfd = -1
-    sock: object = None
-    try:
-        try:
-            if pid is not None:
-                pidfd = os.pidfd_open(pid)
-            sock = _connect(limit)
-        except FileNotFoundError:
-            return ""  # no decider on this node: not a failure, nothing to warn about
-        except ProcessLookupError:
-            return "the state's pid is not a running process"
-        except (OSError, ValueError) as exc:
-            return _why(exc)
-        payload = frame(REQUEST, encode_opts(stage, opts)) + frame(STATE, stdin)
-        fds = []
-        if pidfd >= 0:
-            fds.append((_socket.SOL_SOCKET, _socket.SCM_RIGHTS, pidfd.to_bytes(4, sys.byteorder)))
-        try:
-            sent = sock.sendmsg([payload], fds)  # type: ignore[attr-defined]
-            if sent < len(payload):
-                sock.sendall(payload[sent:])  # type: ignore[attr-defined]
-            while True:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))  # type: ignore[attr-defined]
-                kind, body = read_frame(sock)
-                if kind == DECLINE:
-                    return "declined: " + body.decode("utf-8", "replace")
-                if kind == ANSWER:
-                    return _answer(body)
-                if kind != READY:
-                    return f"unexpected answer {kind!r}"
-                if time.monotonic() >= deadline:
-                    return "timed out"
-                sock.sendall(frame(GO, b""))  # type: ignore[attr-defined]
-                break
-        except TimeoutError:
-            return f"no answer within {int(limit * 1000)} ms"
-        except (OSError, ValueError) as exc:
-            return _why(exc)
-        try:  # committed: the decider applies; only its answer (or a refusal) ends this container
-            sock.settimeout(APPLY_TIMEOUT)  # type: ignore[attr-defined]
-            kind, body = read_frame(sock)
-            got = _answer(body) if kind == ANSWER else f"unexpected answer {kind!r}"
-        except (OSError, ValueError) as exc:
-            raise Refused(_why(exc)) from None
-        if isinstance(got, str):
-            raise Refused(got)
-        return got
-    finally:
-        if sock is not None:
-            sock.close()  # type: ignore[attr-defined]
-        if pidfd >= 0:
-            os.close(pidfd)
+def where() -> str:
+    return os.path.join(wire.SOCKET_DIR, wire.SOCKET_NAME)
 
 
 def decide_timeout() -> float:
@@ -159,38 +40,89 @@ def decide_timeout() -> float:
     return DECIDE_TIMEOUT
 
 
-def _answer(body: bytes) -> tuple[int, bytes] | str:
-    rc, sep, err = body.partition(b"\0")
-    if not sep or not rc.isdigit() or len(rc) > 3:
-        return "malformed answer"
-    return int(rc), err
+def _connect(timeout: float) -> object:
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(where())
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
-def _why(exc: BaseException) -> str:
+def ask(
+    route: bytes, fingerprint: bytes, parts: list[tuple[bytes, bytes]], timeout: float | None = None
+) -> tuple[str, bytes | str]:
+    """``("answered", the decision's bytes)``, or ``(status, why)`` to decide in-process:
+    ``""`` (no decider on this node: nothing to say), ``declined``, ``untrusted`` or ``fallback``."""
+    import time
+
+    limit = decide_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    try:
+        sock = _connect(limit)
+    except FileNotFoundError:
+        return "", ""
+    except (OSError, ValueError) as exc:
+        return "fallback", _why(exc, limit)
+    try:
+        key = wire.read_key()
+        if key is None:
+            return (
+                "untrusted",
+                f"{where()}: no usable key at {wire.KEY_DIR}/{wire.KEY_NAME} to check its answer by",
+            )
+        from hook.core.version import VERSION
+
+        nonce = os.urandom(16).hex().encode()
+        head = wire.frame(
+            wire.REQUEST,
+            b"\0".join(
+                (wire.MAGIC, wire.PROTOCOL, VERSION.encode(), route, fingerprint.hex().encode(), nonce)
+            ),
+        )
+        body = head + wire.frame(wire.MAC, wire.mac(key, b"head", head))
+        body += b"".join(wire.frame(kind, payload) for kind, payload in parts)
+        tag = wire.mac(key, b"request", body)
+        try:
+            sock.sendall(body + wire.frame(wire.MAC, tag))  # type: ignore[attr-defined]
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))  # type: ignore[attr-defined]
+            kind, payload = wire.read_frame(sock)
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))  # type: ignore[attr-defined]
+            mkind, proof = wire.read_frame(sock, 64)
+        except (OSError, ValueError) as exc:
+            return "fallback", _why(exc, limit)
+        if mkind != wire.MAC or not wire.same(proof, wire.mac(key, b"answer", tag, kind, payload)):
+            return "untrusted", f"{where()}: an answer without the node key's proof (an untrusted listener)"
+        if kind == wire.DECLINE:
+            return "declined", "declined: " + payload.decode("utf-8", "replace")
+        if kind != wire.ANSWER:
+            return "fallback", f"unexpected answer {kind!r}"
+        return "answered", payload
+    finally:
+        sock.close()  # type: ignore[attr-defined]
+
+
+def _why(exc: BaseException, limit: float) -> str:
     if isinstance(exc, TimeoutError):
-        return f"no answer within {int(decide_timeout() * 1000)} ms"
-    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return text
+        return f"no answer within {int(limit * 1000)} ms"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 def status(timeout: float = 1.0) -> dict[str, object] | str:
-    """The decider's own account (version, uptime, requests), or why there is none."""
-    try:
-        sock = _connect(timeout)
-    except FileNotFoundError:
-        return f"no decider socket at {os.path.join(SOCKET_DIR, SOCKET_NAME)}"
-    except (OSError, ValueError) as exc:
-        return _why(exc)
-    try:
-        sock.sendall(frame(STATUS, b""))  # type: ignore[attr-defined]
-        kind, body = read_frame(sock)
-        if kind != ANSWER:
-            return f"unexpected answer {kind!r}"
-        from hook.routes.fastpath import loads
+    """The decider's own account (version, uptime, counters), or why there is none; needs the key."""
+    got, body = ask(b"status", b"", [], timeout)
+    if got == "":
+        return f"no decider socket at {where()}"
+    if got != "answered" or not isinstance(body, bytes):
+        return str(body)
+    from hook.routes.fastpath import loads
 
+    try:
         doc = loads(body)
-        return doc if isinstance(doc, dict) else "malformed status"
-    except (OSError, ValueError) as exc:
-        return _why(exc)
-    finally:
-        sock.close()  # type: ignore[attr-defined]
+    except ValueError:
+        return "malformed status"
+    return doc if isinstance(doc, dict) else "malformed status"

@@ -60,18 +60,13 @@ PLAIN_NUMBERS = frozenset(PLAIN_DEVICES.values())
 NUMBER_LIMIT = 1 << 31  # hook.core.oci.RULE_NUMBER_LIMIT: beyond it runc and crun read a number differently
 
 
-def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
-    """The two settings the fast path needs (CDI annotation prefixes, volume-mount root), or None.
-
-    Defaults when the file is absent or all comments. Otherwise the full path has compiled them
-    into ``FASTPATH_CACHE`` keyed by the file's path and identity; a stale or missing entry means
-    "take the full path", which rewrites it. So custom settings cost yaml once, not on every
-    container. A settings file that is not a regular file is the full path's to report.
-    """
+def _settings_entry(path: str) -> dict[str, Any] | None:
+    """This settings file's compiled entry: ``{}`` for defaults (absent or all comments), the
+    fast-path record's entry for a custom file, None when unknown (the full path's to read)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
+        return {}
     except (OSError, ValueError):
         return None
     if not is_regular(st.st_mode):
@@ -83,12 +78,35 @@ def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
             return None
         lines = (ln.strip() for ln in text.splitlines())
         if all(not ln or ln.startswith(b"#") or ln == b"---" for ln in lines):
-            return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
+            return {}
     directory, name = os.path.split(FASTPATH_CACHE)
-    entry = fastpath_record(read_private(directory, name, FASTPATH_MAX), path, st)
+    return fastpath_record(read_private(directory, name, FASTPATH_MAX), path, st)
+
+
+def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
+    """The two settings the fast path needs (CDI annotation prefixes, volume-mount root), or None.
+
+    Defaults when the file is absent or all comments. Otherwise the full path has compiled them
+    into ``FASTPATH_CACHE`` keyed by the file's path and identity; a stale or missing entry means
+    "take the full path", which rewrites it. So custom settings cost yaml once, not on every
+    container. A settings file that is not a regular file is the full path's to report.
+    """
+    entry = _settings_entry(path)
     if entry is None:
         return None
+    if not entry:
+        return DEFAULT_PREFIXES, DEFAULT_MOUNT_ROOT
     return tuple(entry["cdi_annotation_prefixes"]), entry["volume_mount_root"]
+
+
+def decider_setting(path: str) -> str | None:
+    """The settings' ``decider`` (``auto``/``off``) without yaml, as ``fast_settings`` reads the
+    rest; None when unknown (no current record: ask, and the decider declines when it is off)."""
+    entry = _settings_entry(path)
+    if entry is None:
+        return None
+    value = (entry.get("settings") or {}).get("decider", "auto") if entry else "auto"
+    return value if isinstance(value, str) else None
 
 
 def needs_decision(
@@ -248,29 +266,77 @@ def _list(v: object) -> list[Any]:
     return v
 
 
-def fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
-    """Answer "nothing to do" from raw JSON, or return False to take the full path.
+class Look:
+    """What the live hook read of its container, handed down so nothing is read or decoded twice.
 
-    Any doubt (unreadable input, custom settings) returns False: the full path then reports it
-    properly, with the file and the field.
+    ``state`` and ``config`` are the decoded objects (None where not decoded here: the full
+    path decodes or reports them), ``config_bytes`` config.json's bytes as read (the decider is
+    handed these), ``bundle`` where the state says they are, and ``done`` the fast path's answer.
     """
-    fast = fast_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1])
-    if len(stdin) > MAX_STATE or fast is None:
-        return False
+
+    __slots__ = ("bundle", "config", "config_bytes", "done", "state", "stdin")
+
+    def __init__(self, stdin: bytes) -> None:
+        self.stdin = stdin
+        self.state: dict[str, Any] | None = None
+        self.bundle: str | None = None
+        self.config_bytes: bytes | None = None
+        self.config: dict[str, Any] | None = None
+        self.done = False
+
+    def read_config(self) -> None:
+        """config.json's bytes, when not read yet; a problem leaves None (the full path reports it)."""
+        if self.config_bytes is None and self.bundle is not None:
+            try:  # noqa: SIM105 - contextlib is one more import on the start path
+                self.config_bytes = read_limited(os.path.join(self.bundle, "config.json"), MAX_CONFIG)
+            except (OSError, ValueError):
+                pass
+
+
+def look_at(opts: dict[str, list[str]], stdin: bytes, *, fast: bool = True) -> Look:
+    """The live path's one load step: the state decoded, config.json read and decoded once (when
+    the fast path may answer), and whether it answered "nothing to do" (``done``).
+
+    Any doubt (unreadable input, custom settings not compiled yet) leaves ``done`` false: the
+    full path then decides, and reports a problem properly, with the file and the field.
+    """
+    seen = Look(stdin)
+    if len(stdin) > MAX_STATE:
+        return seen
     try:
         state = loads(stdin)
-        bundle = state.get("bundle") or state.get("bundlePath")
-        config = loads(read_limited(os.path.join(bundle, "config.json"), MAX_CONFIG))
+    except Exception:  # any doubt: the full path decodes (and reports) it
+        return seen
+    if not isinstance(state, dict):
+        return seen
+    seen.state = state
+    bundle = state.get("bundle") or state.get("bundlePath")
+    if isinstance(bundle, str) and bundle and "\0" not in bundle:
+        seen.bundle = bundle
+    settings = fast_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1]) if fast else None
+    if settings is None or seen.bundle is None:
+        return seen
+    try:
+        seen.read_config()
+        if seen.config_bytes is None:
+            return seen
+        config = loads(seen.config_bytes)
+        if isinstance(config, dict):
+            seen.config = config
         annotations = state.get("annotations") or {}
-        if (
-            not isinstance(config, dict)
-            or not isinstance(annotations, dict)
-            or not well_formed(state, config)
-        ):
-            return False
-        return not needs_decision(config, annotations, *fast)
+        if not isinstance(config, dict) or not isinstance(annotations, dict):
+            return seen
+        if not well_formed(state, config):
+            return seen
+        seen.done = not needs_decision(config, annotations, *settings)
     except Exception:  # any doubt (deep, huge, odd input): the full path decides
-        return False
+        pass
+    return seen
+
+
+def fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
+    """Answer "nothing to do" from raw JSON (``look_at``), or return False to take the full path."""
+    return look_at(opts, stdin).done
 
 
 def precreate_fast(opts: dict[str, list[str]], stdin: bytes) -> bool:

@@ -1,23 +1,21 @@
-"""``hook serve``: the warm decider. Each node runs one; the per-start hook hands it containers.
+"""``hook serve``: the warm decider. Each node runs one; per-start hooks offer it their containers.
 
-Rule: the decider decides and applies by running ``hook.routes.live.run_live`` itself (the in-process
-path, same report, same log line), with a ``Session`` that sends the stderr text back, asks the
-client for "go" before any side effect and checks the client's pidfd around the apply. What
-makes it fast is only that it is already running: imports done, and the views it loads
-(settings, CDI registry, inventory, kubelet checkpoint) kept by ``hook.sources.warm`` and revalidated by
-file identity before every decision.
+Rule: the decider decides and never acts (``hook.routes.answer``): a hook asks, proves the node's
+key, and gets the decision the in-process path would compute, which it then applies and logs
+itself. What makes it fast is only that it is already running: imports done, and the views it
+loads (settings, CDI registry, inventory, kubelet checkpoint) kept by ``hook.sources.warm`` and
+revalidated by file identity before every decision. What it needs: read access to the driver's
+``/proc``, the CDI dirs, the kubelet's files and the settings; its socket directory and its key
+(``hook.routes.wire``). It writes no cgroup, no ``/dev`` and no log, and reads no ``/proc/<pid>``.
 
-Trust: the socket is in a root-only directory (0700, ours, not a symlink) and is itself 0600;
-every connection's peer must be uid 0 (``SO_PEERCRED``), and a request names its container by
-a pidfd the client opened, whose pid (read back from ``/proc/self/fdinfo``) must be the state's
-``pid``; a pid that is not that process is declined, never decided. One request per container
-at a time (a lock per container id), any number of containers at once (a thread each, up to
-``MAX_WORKERS``; past that a request is declined and the hook decides in-process).
+The socket is in a root-only directory (0700, ours, not a symlink) and is itself 0600; but a
+container without a user namespace is root too, so the key, not the socket's mode, is the trust.
+Any number of requests at once (a thread each, up to ``MAX_WORKERS``; past that a connection is
+closed unanswered and the hook decides in-process).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -25,134 +23,44 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextlib import suppress as _suppress
 
 from hook.core.errors import InputError
 from hook.core.version import VERSION
-from hook.routes import client
-from hook.routes.fastpath import MAX_STATE, loads
-from hook.routes.live import STDIN, Abandoned, Session, run_live
+from hook.routes import wire
+from hook.routes.answer import Answerer
 
 __all__ = ["Decider", "serve"]
 
 MAX_WORKERS = 64
-GO_TIMEOUT = 2.0  # the client says "go" (or leaves) at once; silence this long abandons
-LIVE_OPTIONS = frozenset({"--config", "--driver-root", "--cdi-spec-dir", "--inventory", "--format", "--log"})
+READ_TIMEOUT = 5.0  # a request that trickles in slower than this is dropped
 
 
 class _Stop(Exception):
     pass
 
 
-class _Reader:
-    """Frames from a connection whose first bytes came with the pidfd (``recvmsg``)."""
-
-    def __init__(self, conn: socket.socket, first: bytes) -> None:
-        self.conn, self.buf = conn, first
-
-    def recv(self, n: int) -> bytes:
-        if self.buf:
-            chunk, self.buf = self.buf[:n], self.buf[n:]
-            return chunk
-        return self.conn.recv(n)
-
-
-class _Served(Session):
-    """One request's session: output back to the client, "go" before side effects, pidfd checks."""
-
-    def __init__(self, conn: socket.socket, reader: _Reader, pidfd: int) -> None:
-        super().__init__()
-        self.conn, self.reader, self.pidfd = conn, reader, pidfd
-        self.text: list[str] = []
-        self.committed = False
-
-    def err(self, text: str) -> None:
-        self.text.append(text)
-
-    def by_hand(self) -> bool:
-        return False  # the client only hands over a runtime's run (the state in a pipe)
-
-    def commit(self) -> None:
-        if self.committed:
-            return
-        try:
-            self.conn.sendall(client.frame(client.READY, b""))
-            self.conn.settimeout(GO_TIMEOUT)
-            kind, _ = client.read_frame(self.reader, 0)
-        except (OSError, ValueError):
-            raise Abandoned from None
-        if kind != client.GO:
-            raise Abandoned
-        self.committed = True
-
-    def check_pid(self, pid: int) -> None:
-        """Alive now (``pidfd_send_signal(0)``) means never reaped since the client opened the pidfd,
-        so ``pid`` has named that process all along: checked before and after the apply."""
-        try:
-            signal.pidfd_send_signal(self.pidfd, 0)
-        except ProcessLookupError:
-            raise InputError(STDIN, "pid", f"{pid}: the container's process has exited") from None
-        except OSError as exc:
-            raise InputError(STDIN, "pid", f"{pid}: pidfd: {exc.strerror or exc}") from None
-
-
-def pidfd_pid(fd: int) -> int | None:
-    """The pid (in this pid namespace) of the process pidfd ``fd`` refers to; None if not a pidfd
-    or the process is gone (the kernel then shows -1)."""
-    try:
-        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Pid:"):
-                    pid = int(line.split()[1])
-                    return pid if pid > 0 else None
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    return int.from_bytes(cred[4:8], sys.byteorder)
-
-
-def parse_request(payload: bytes) -> tuple[str, dict[str, list[str]]] | str:
-    """``(stage, live opts)`` from a ``Q`` frame, or why it is declined."""
-    fields = payload.split(b"\0")
-    if len(fields) < 4 or fields[0] != client.MAGIC:
-        return "not a hook request"
-    if fields[1] != VERSION.encode() or fields[2] != client.PROTOCOL:
-        hook = fields[1].decode("ascii", "replace")[:40]
-        return f"decider is version {VERSION}, the hook {hook} (protocol {fields[2][:8]!r})"
-    stage = fields[3].decode("utf-8", "replace")
-    if stage not in ("prestart", "createRuntime"):
-        return f"stage {stage[:40]!r} is not served"
-    opts: dict[str, list[str]] = {}
-    for item in fields[4:]:
-        name, _, value = item.decode("utf-8", "surrogateescape").partition("=")
-        if name not in LIVE_OPTIONS:
-            return f"option {name[:40]!r} is not served"
-        opts.setdefault(name, []).append(value)
-    return stage, opts
-
-
 class Decider:
     """The listening socket, the workers and the counters ``hook doctor`` shows."""
 
-    def __init__(self, directory: str = client.SOCKET_DIR, name: str = client.SOCKET_NAME) -> None:
+    def __init__(
+        self,
+        directory: str = wire.SOCKET_DIR,
+        name: str = wire.SOCKET_NAME,
+        *,
+        key: bytes,
+        opts: dict[str, list[str]] | None = None,
+        settings_path: str = "",
+    ) -> None:
+        from hook.sources.settingsfile import DEFAULT_PATH
+
+        opts = dict(opts or {})
         self.directory, self.name = directory, name
         self.started = time.monotonic()
-        self.requests = 0  # answered
-        self.declined = 0
-        self.abandoned = 0
-        self._lock = threading.Lock()
-        self._containers: dict[str, list[object]] = {}  # id -> [lock, users]
+        self.answerer = Answerer(key, opts, settings_path or str(DEFAULT_PATH), self.status)
         self._slots = threading.BoundedSemaphore(MAX_WORKERS)
         self._sock: socket.socket | None = None
         self._ino = 0
-
-    # --- socket ---------------------------------------------------------------------------
 
     def listen(self) -> None:
         """Bind a fresh socket and rename it over the old name, so a starting decider takes over
@@ -200,8 +108,7 @@ class Decider:
                     return  # closed: stopping
                 raise
             if not self._slots.acquire(blocking=False):
-                self._decline(conn, "busy")
-                conn.close()
+                conn.close()  # busy: the hook decides in-process
                 continue
             threading.Thread(target=self._worker, args=(conn,), daemon=True).start()
 
@@ -212,177 +119,97 @@ class Decider:
             if not self._slots.acquire(timeout=max(end - time.monotonic(), 0)):
                 return
 
-    # --- one request ----------------------------------------------------------------------
-
     def _worker(self, conn: socket.socket) -> None:
         try:
             with conn:
-                self._handle(conn)
+                conn.settimeout(READ_TIMEOUT)
+                self.answerer.handle(conn)
         except (OSError, ValueError):
             pass  # the client left or sent garbage: it decides in-process, nothing to do here
         except Exception as exc:  # a worker never takes the decider down
-            sys.stderr.write(f"oci-device-hook serve: request failed: {type(exc).__name__}: {exc}\n")
+            from hook.core.escape import clean
+
+            sys.stderr.write(f"oci-device-hook serve: request failed: {type(exc).__name__}: {clean(exc)}\n")
         finally:
             self._slots.release()
 
-    def _handle(self, conn: socket.socket) -> None:
-        conn.settimeout(client.DECIDE_TIMEOUT * 2)
-        if _peer_uid(conn) != 0:
-            return  # only root may ask; anyone else gets nothing
-        pidfd = -1
-        try:
-            data, anc, _flags, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
-            fds = [
-                int.from_bytes(d[i : i + 4], sys.byteorder)
-                for level, kind, d in anc
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-                for i in range(0, len(d) - len(d) % 4, 4)
-            ]
-            pidfd, extra = (fds[0], fds[1:]) if fds else (-1, [])
-            for fd in extra:
-                os.close(fd)
-            reader = _Reader(conn, data)
-            kind, payload = client.read_frame(reader)
-            if kind == client.STATUS:
-                conn.sendall(client.frame(client.ANSWER, json.dumps(self.status()).encode()))
-                return
-            request = parse_request(payload) if kind == client.REQUEST else "not a request"
-            if isinstance(request, str):
-                self._decline(conn, request)
-                return
-            kind, stdin = client.read_frame(reader, 2 * MAX_STATE)
-            if kind != client.STATE:
-                self._decline(conn, "no state")
-                return
-            why, container = self._container(stdin, pidfd)
-            if why:
-                self._decline(conn, why)
-                return
-            _stage, opts = request
-            with self._one_at_a_time(container):
-                self._decide(conn, reader, pidfd, opts, stdin)
-        finally:
-            if pidfd >= 0:
-                os.close(pidfd)
-
-    def _container(self, stdin: bytes, pidfd: int) -> tuple[str, str]:
-        """(why to decline, container id): the pidfd must be the state's pid, seen from here."""
-        try:
-            state = loads(stdin)
-            pid, cid = state.get("pid"), state.get("id")
-        except Exception:  # the in-process path reports a broken state with its file and field
-            return "state does not parse", ""
-        cid = cid if isinstance(cid, str) else ""
-        if pid is None and pidfd < 0:
-            return "", cid
-        if pidfd < 0:
-            return "no pidfd for the state's pid", cid
-        seen = pidfd_pid(pidfd)
-        if seen is None or seen != pid:
-            return f"the pidfd is process {seen}, the state says pid {pid!r} (another pid namespace?)", cid
-        return "", cid
-
-    def _decide(
-        self, conn: socket.socket, reader: _Reader, pidfd: int, opts: dict[str, list[str]], stdin: bytes
-    ) -> None:
-        session = _Served(conn, reader, pidfd)
-        try:
-            code = run_live(opts, stdin, session)
-        except Abandoned:
-            with self._lock:
-                self.abandoned += 1
-            return
-        except Exception as exc:  # as hook.entry: one line, never a traceback
-            from hook.core.escape import clean
-
-            session.text.append(f"oci-device-hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
-            code = 1
-        with self._lock:
-            self.requests += 1
-        answer = f"{code}\0{''.join(session.text)}".encode("utf-8", "surrogateescape")
-        with _suppress(OSError):
-            conn.sendall(client.frame(client.ANSWER, answer))
-
-    def _decline(self, conn: socket.socket, why: str) -> None:
-        with self._lock:
-            self.declined += 1
-        with _suppress(OSError):
-            conn.sendall(client.frame(client.DECLINE, why.encode("utf-8", "replace")))
-
-    @contextmanager
-    def _one_at_a_time(self, container: str) -> Iterator[None]:
-        with self._lock:
-            slot = self._containers.setdefault(container, [threading.Lock(), 0])
-            slot[1] = int(slot[1]) + 1  # type: ignore[call-overload]
-        lock: threading.Lock = slot[0]  # type: ignore[assignment]
-        try:
-            with lock:
-                yield
-        finally:
-            with self._lock:
-                slot[1] = int(slot[1]) - 1  # type: ignore[call-overload]
-                if not slot[1]:
-                    del self._containers[container]
-
     def status(self) -> dict[str, object]:
-        with self._lock:
+        c = self.answerer.counters
+        with c.lock:
             return {
                 "version": VERSION,
                 "pid": os.getpid(),
                 "uptime_s": round(time.monotonic() - self.started, 3),
-                "requests": self.requests,
-                "declined": self.declined,
-                "abandoned": self.abandoned,
+                "requests": c.answered,
+                "declined": c.declined,
+                "unauthenticated": c.unauthenticated,
             }
 
 
+PRELOAD = (
+    "hook.routes.live",
+    "hook.routes.precreate",
+    "hook.routes.gather",
+    "hook.core.decide",
+    "hook.core.report",
+    "hook.routes.decision",
+    "hook.adapters.marker",
+    "hook.adapters.specwriter",
+    "hook.sources.cdi.registry",
+    "hook.sources.cdi.edits",
+    "hook.sources.cdi.hostnodes",
+    "hook.sources.nvidia.inventory",
+    "hook.sources.nvidia.ids",
+    "hook.sources.nvidia.nodes",
+    "hook.sources.nvidia.dri",
+    "hook.sources.cachefile",
+    "hook.core.escape",
+    "hook.sources.kubelet.checkpoint",
+    "hook.sources.kubelet.dra",
+)
+
+
 def _preload() -> None:
-    """Import every module a decision or an apply may need now, so the first request is as warm
-    as the thousandth (the per-start hook imports them lazily, only when needed)."""
+    """Import every module a decision may need now, so the first request is as warm as the
+    thousandth (the per-start hook imports them lazily, only when needed)."""
     import importlib
 
-    for name in (
-        "hook.routes.gather", "hook.core.decide", "hook.core.report", "hook.adapters.log",
-        "hook.routes.logrecord", "hook.adapters.marker",
-        "hook.sources.cdi.registry", "hook.sources.cdi.edits", "hook.sources.cdi.hostnodes",
-        "hook.sources.nvidia.inventory",
-        "hook.sources.nvidia.ids", "hook.sources.nvidia.nodes", "hook.sources.nvidia.dri",
-        "hook.adapters.apply.locate",
-        "hook.adapters.apply.transaction", "hook.adapters.apply.cgroup_v1",
-        "hook.adapters.apply.cgroup_v2", "hook.adapters.apply.devnodes",
-        "hook.adapters.apply.bpf", "hook.sources.cachefile", "hook.core.escape",
-        "hook.sources.kubelet.checkpoint", "hook.sources.kubelet.dra",
-    ):  # fmt: skip
+    for name in PRELOAD:
         with _suppress(ImportError):  # an optional part missing here: the request that needs it says so
             importlib.import_module(name)
 
 
-def serve(directory: str = client.SOCKET_DIR, config: str | None = None) -> int:
+def serve(opts: dict[str, list[str]], directory: str = wire.SOCKET_DIR) -> int:
     """Run the decider until SIGTERM/SIGINT; then finish the requests in flight (up to 10 s).
 
-    ``decider: off`` in the settings (``config``, else the default file) makes it exit at once:
-    with no socket every hook decides in-process, silently, which is what "off" asks for.
+    ``opts`` are the live options it decides with (``--config``, ``--driver-root``,
+    ``--cdi-spec-dir``, ``--inventory``): it serves exactly the hooks run with the same ones.
+    ``decider: off`` in the settings makes it exit at once (and every hook decides in-process).
     """
     from pathlib import Path
 
+    from hook.core.escape import clean
     from hook.sources import warm
     from hook.sources.settingsfile import DEFAULT_PATH, DeciderMode, load_settings
 
+    config = opts["--config"][-1] if opts.get("--config") else None
     path = Path(config) if config else Path(DEFAULT_PATH)
     try:
         off = load_settings(path, required=config is not None).decider is DeciderMode.OFF
     except InputError as exc:
-        from hook.core.escape import clean
-
         sys.stderr.write(f"oci-device-hook serve: {clean(exc)}\n")
         return 1
     if off:
         sys.stderr.write(f"oci-device-hook serve: decider: off in {path}; not serving\n")
         return 0
-
+    try:
+        key = wire.make_key()
+    except OSError as exc:
+        sys.stderr.write(f"oci-device-hook serve: no key in {wire.KEY_DIR}: {clean(exc)}\n")
+        return 1
     warm.enable()
     _preload()
-    decider = Decider(directory)
+    decider = Decider(directory, key=key, opts=opts, settings_path=str(path))
 
     def stop(_sig: int, _frame: object) -> None:
         raise _Stop
@@ -394,7 +221,7 @@ def serve(directory: str = client.SOCKET_DIR, config: str | None = None) -> int:
     except (OSError, InputError) as exc:
         sys.stderr.write(f"oci-device-hook serve: cannot listen in {directory}: {exc}\n")
         return 1
-    sys.stderr.write(f"oci-device-hook serve: {VERSION} listening on {directory}/{client.SOCKET_NAME}\n")
+    sys.stderr.write(f"oci-device-hook serve: {VERSION} listening on {directory}/{wire.SOCKET_NAME}\n")
     sys.stderr.flush()
     try:
         decider.run()
@@ -403,5 +230,5 @@ def serve(directory: str = client.SOCKET_DIR, config: str | None = None) -> int:
     finally:
         decider.close()
     decider.drain(10.0)
-    sys.stderr.write(f"oci-device-hook serve: stopped after {decider.requests} request(s)\n")
+    sys.stderr.write(f"oci-device-hook serve: stopped after {decider.status()['requests']} request(s)\n")
     return 0

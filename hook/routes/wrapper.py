@@ -1,7 +1,9 @@
 """The runtime wrapper's decision for ``create``, ``run`` and ``restore`` (packaging/runtime execs it).
 
 Rule: the imperative shell around ``hook.routes.runtimeargs`` (which config the runtime will read) and
-``hook.routes.precreate`` (the decision). One process from the engine's call to the runtime: the sh
+``hook.routes.offer`` (the decision: the warm decider's, else ``hook.routes.precreate``'s in this
+process; when the decider answers, the per-start process imports the fast path, the client and
+the log step only). One process from the engine's call to the runtime: the sh
 wrapper execs this, and this execs the real runtime with the engine's arguments unchanged, so a
 wrapper killed by the engine (SIGKILL included) takes the decision with it and never starts a
 runtime later. Fail closed: a command line no grammar reads for sure, a config that cannot be
@@ -45,11 +47,11 @@ _HOOK_ONLY = (RUNTIME_SEEN_ENV, CONTAINER_ID_ENV, RUNTIME_LOG_ENV, RUNTIME_LOG_F
 
 def _say(message: str) -> None:
     """One line on stderr, and where the engine reads the runtime's error (its ``--log``)."""
-    from hook.routes.precreate import _runtime_log
+    from hook.routes.act import runtime_log
 
     sys.stderr.write(PREFIX + clean(message) + "\n")
     sys.stderr.flush()
-    _runtime_log(PREFIX + message)
+    runtime_log(PREFIX + message)
 
 
 def _bound() -> int:
@@ -152,9 +154,9 @@ def decide(opts: dict[str, list[str]], args: list[str]) -> int:
         return 1
     if precreate_fast(opts, data):
         return 0
-    from hook.routes.precreate import run_precreate
+    from hook.routes.offer import spec_level
 
-    code, out = run_precreate(opts, data)
+    code, out = spec_level("wrapper", opts, data)
     if code != 0:
         return code
     if out != data:

@@ -161,7 +161,7 @@ def check_decider() -> Check:
     from hook.routes import client
 
     got = client.status()
-    where = f"{client.SOCKET_DIR}/{client.SOCKET_NAME}"
+    where = client.where()
     if isinstance(got, str):
         if got.startswith("no decider socket"):
             fix = "systemctl enable --now oci-device-hook-decider (faster starts)"

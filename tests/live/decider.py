@@ -25,10 +25,16 @@ STATUS = (
 
 
 def with_decider(
-    cmd: Sequence[str], out: Path, *, serve_wrap: Sequence[str] = (), extra: Sequence[str] = ()
+    cmd: Sequence[str],
+    out: Path,
+    *,
+    serve_wrap: Sequence[str] = (),
+    extra: Sequence[str] = (),
+    serve_args: Sequence[str] = (),
 ) -> list[str]:
-    """``cmd`` run while a decider serves; its status JSON goes to ``out`` (``out``.err: its stderr)."""
-    serve = " ".join(map(_quote, [*serve_wrap, sys.executable, "-I", "-m", "hook", "serve"]))
+    """``cmd`` run while a decider serves (with ``serve_args``: the options of the hooks it is to
+    serve); its status JSON goes to ``out`` (``out``.err: its stderr)."""
+    serve = " ".join(map(_quote, [*serve_wrap, sys.executable, "-I", "-m", "hook", "serve", *serve_args]))
     status = " ".join(map(_quote, [sys.executable, "-I", "-c", STATUS]))
     script = (
         f"{serve} >/dev/null 2>{_quote(str(out))}.err & d=$!\n"
@@ -42,6 +48,21 @@ def with_decider(
         "exit $rc\n"
     )
     return ["sh", "-c", script, "with-decider", *cmd]
+
+
+SERVED_OPTIONS = ("--config", "--driver-root", "--cdi-spec-dir", "--inventory")
+
+
+def serve_args_of(bundle: Bundle) -> list[str]:
+    """The options of the bundle's (first) prestart hook: a decider serves only hooks with its own."""
+    hooks = bundle.config.get("hooks", {}).get("prestart", [])
+    args = list(hooks[0]["args"]) if hooks else []
+    out = []
+    for i, arg in enumerate(args):
+        name = arg.partition("=")[0]
+        if name in SERVED_OPTIONS:
+            out += [arg] if "=" in arg else [arg, args[i + 1]]
+    return out
 
 
 def run_served(
@@ -58,8 +79,10 @@ def run_served(
         if not any(e.startswith("OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS=") for e in env):
             env.append("OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS=5000")
     bundle.write()
-    cmd = private_host(with_decider(runc_command(bundle, state_root), out, serve_wrap=serve_wrap),
-                       cgroup2=cgroup2)
+    served = with_decider(
+        runc_command(bundle, state_root), out, serve_wrap=serve_wrap, serve_args=serve_args_of(bundle)
+    )
+    cmd = private_host(served, cgroup2=cgroup2)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         res = RunResult(proc.returncode, proc.stdout, proc.stderr)

@@ -185,12 +185,19 @@ ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin
 ln -s /proc/self/fd/1 /dev/stdout; ln -s /proc/self/fd/2 /dev/stderr
 """
 
-# A private host view: fresh /dev with only the basic nodes, throwaway /run and /var/log.
+# The decider's key dir (hook.routes.wire.KEY_DIR): a private tmpfs, so a decider started in the view
+# makes its key there, never on the host (the empty mount point is all the host ever gets).
+KEY_DIR_VIEW = (
+    "mkdir -p /var/lib/oci-device-hook && mount -t tmpfs -o mode=0700 tmpfs /var/lib/oci-device-hook\n"
+)
+
+# A private host view: fresh /dev with only the basic nodes, throwaway /run, /var/log and key dir.
 PRIVATE_HOST_VIEW = (
     "set -eu\nmount -t tmpfs -o mode=0755,nosuid tmpfs /dev\n"
     + BASIC_DEV
     + "mount -t tmpfs -o mode=0755 tmpfs /run\n"
     + "if [ -d /var/log ]; then mount -t tmpfs -o mode=0755 tmpfs /var/log; fi\n"
+    + KEY_DIR_VIEW
 )
 
 

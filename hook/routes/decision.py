@@ -1,0 +1,178 @@
+"""What a route decided for one container, as one value: built in-process or by the decider, acted
+on by ``hook.routes.act`` alone.
+
+Rule: a decision holds everything the hook needs to act and log without deciding again or reading
+the node: the log record (not yet stamped: the hook stamps it when it writes it), where the log
+goes, the exit status, the stderr text before and after acting, and either the plan and where it
+applies (live) or the config to hand the runtime (spec level). It crosses the wire as JSON
+(``to_wire``/``from_wire``); the in-process path passes its value through the same JSON form
+(``normalized``), so both paths act on equal values and write equal lines.
+
+Decoding imports only ``hook.routes.fastpath`` (its ``loads``) for a spec-level decision: the
+runtime wrapper's per-start process stays thin. A live decision's plan needs the core's values.
+"""
+
+from __future__ import annotations
+
+from hook.core.record import field, record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    from hook.core.plan import Plan
+
+    D = TypeVar("D", "Live", "Spec")
+
+__all__ = ["Live", "LogTo", "Spec", "from_wire", "normalized", "to_wire"]
+
+
+@record
+class LogTo:
+    """The log file and its rotation size, from the settings the decision ran under."""
+
+    file: str = "/var/log/oci-device-hook.log"
+    max_bytes: int = 10 << 20
+
+
+@record
+class Live:
+    """A live (prestart/createRuntime) decision."""
+
+    code: int
+    record: dict[str, Any] = field(default_factory=dict)  # the log record, unstamped
+    log: LogTo = field(default_factory=LogTo)
+    annotations: dict[str, str] = field(default_factory=dict)  # what the stamp reads (pod, engine)
+    cgroups_path: str = ""
+    before: str = ""  # stderr before acting
+    after: str = ""  # stderr after logging (a deny's line)
+    plan: Plan | None = None  # rules and nodes to apply to the container (None: nothing to apply)
+    rootfs: str = ""
+    host_dev: tuple[str, ...] = ()
+    container: str = ""
+
+
+@record
+class Spec:
+    """A spec-level (precreate, runtime wrapper) decision."""
+
+    code: int
+    out: bytes | None = None  # the config to hand on; None: the input, unchanged
+    record: dict[str, Any] | None = None  # None: nothing is logged
+    log: LogTo = field(default_factory=LogTo)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cgroups_path: str = ""
+    before: str = ""
+    after: str = ""
+    runtime_log: str = ""  # a refusal's line for the engine (the runtime's --log)
+
+
+def _plan_doc(plan: Plan) -> dict[str, Any]:
+    return {
+        "verdict": str(plan.verdict),
+        "reason": plan.reason,
+        "rules": [[r.allow, str(r.type), r.major, r.minor, str(r.access)] for r in plan.rules],
+        "create": [n.to_json() for n in plan.create],
+        "remove": list(plan.remove),
+        "warnings": list(plan.warnings),
+        "denied": list(plan.denied),
+    }
+
+
+def _plan(doc: dict[str, Any]) -> Plan:
+    from hook.core.plan import Node, Plan, Verdict
+    from hook.core.rules import Access, DeviceType, Rule
+
+    def node(d: dict[str, Any]) -> Node:
+        return Node(path=d["path"], type=d["type"], major=d["major"], minor=d["minor"],
+                    file_mode=d["fileMode"], uid=d["uid"], gid=d["gid"])  # fmt: skip
+
+    return Plan(
+        verdict=Verdict(doc["verdict"]),
+        reason=doc["reason"],
+        rules=tuple(
+            Rule(allow=a, type=DeviceType(t), major=ma, minor=mi, access=Access.parse(acc))
+            for a, t, ma, mi, acc in doc["rules"]
+        ),
+        create=tuple(node(n) for n in doc["create"]),
+        remove=tuple(doc["remove"]),
+        warnings=tuple(doc["warnings"]),
+        denied=tuple(doc["denied"]),
+    )
+
+
+def to_wire(decision: Live | Spec) -> bytes:
+    """The decision as JSON text (the decider's answer)."""
+    import json
+
+    doc: dict[str, Any] = {
+        "kind": "live" if isinstance(decision, Live) else "spec",
+        "code": decision.code,
+        "record": decision.record,
+        "log": [decision.log.file, decision.log.max_bytes],
+        "annotations": decision.annotations,
+        "cgroups_path": decision.cgroups_path,
+        "before": decision.before,
+        "after": decision.after,
+    }
+    if isinstance(decision, Live):
+        doc["plan"] = None if decision.plan is None else _plan_doc(decision.plan)
+        doc.update(rootfs=decision.rootfs, host_dev=list(decision.host_dev), container=decision.container)
+    else:
+        doc["out"] = None if decision.out is None else decision.out.decode("utf-8", "surrogateescape")
+        doc["runtime_log"] = decision.runtime_log
+    return json.dumps(doc, default=str, ensure_ascii=True).encode()
+
+
+def from_wire(data: bytes) -> Live | Spec:
+    """``to_wire``'s value back; ``ValueError`` (or ``KeyError``/``TypeError``) on anything else."""
+    from hook.routes.fastpath import loads
+
+    doc = loads(data)
+    common: dict[str, Any] = {
+        "code": _int(doc["code"]),
+        "log": LogTo(file=_text(doc["log"][0]), max_bytes=_int(doc["log"][1])),
+        "annotations": {_text(k): _text(v) for k, v in doc["annotations"].items()},
+        "cgroups_path": _text(doc["cgroups_path"]),
+        "before": _text(doc["before"]),
+        "after": _text(doc["after"]),
+    }
+    if doc["kind"] == "live":
+        if not isinstance(doc["record"], dict):
+            raise ValueError("a live decision without a record")
+        plan = doc["plan"]
+        return Live(
+            record=doc["record"],
+            plan=None if plan is None else _plan(plan),
+            rootfs=_text(doc["rootfs"]),
+            host_dev=tuple(_text(d) for d in doc["host_dev"]),
+            container=_text(doc["container"]),
+            **common,
+        )
+    if doc["kind"] != "spec" or not (doc["record"] is None or isinstance(doc["record"], dict)):
+        raise ValueError("not a decision")
+    out = doc["out"]
+    return Spec(
+        out=None if out is None else _text(out).encode("utf-8", "surrogateescape"),
+        record=doc["record"],
+        runtime_log=_text(doc["runtime_log"]),
+        **common,
+    )
+
+
+def normalized(decision: D) -> D:
+    """The decision as the hook gets it from the decider (tuples as lists, enums as text): the
+    in-process path acts on this, so served and in-process lines are equal by construction."""
+    return from_wire(to_wire(decision))  # type: ignore[return-value]
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError("expected an integer")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
