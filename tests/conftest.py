@@ -185,11 +185,31 @@ def host_cache_untouched(
 
 @pytest.fixture(scope="session")
 def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``packaging/build-deb`` run once per session (gzip: a quicker build of the same files), for
-    every test that needs the real package (its contents, its install in a scratch root, the image)."""
+    """``packaging/build-deb`` run once per run (gzip: a quicker build of the same files), for
+    every test that needs the real package (its contents, its install in a scratch root, the image).
+
+    Under pytest-xdist each worker is a session of its own: the first worker to need the package
+    builds it in the run's shared temp root under a lock, the others wait and read the same file
+    (nothing writes to it), so a parallel run builds it once, as a serial one does."""
     if shutil.which("dpkg-deb") is None:
         pytest.skip("dpkg-deb not installed")
-    out = tmp_path_factory.mktemp("deb")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _build_deb(tmp_path_factory.mktemp("deb"))
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # the run's root, above every worker's basetemp
+    with open(shared / "deb.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = shared / "deb" / "built"
+        if made.is_file():
+            return Path(made.read_text())
+        (shared / "deb").mkdir(exist_ok=True)
+        path = _build_deb(shared / "deb")
+        made.write_text(str(path))
+        return path
+
+
+def _build_deb(out: Path) -> Path:
     env = {**os.environ, "DEB_COMPRESS": "gzip"}
     proc = subprocess.run([str(REPO / "packaging/build-deb"), str(out)], env=env, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
