@@ -171,7 +171,10 @@ def kubelet_cdi_names(kubelet: Kubelet, settings: Settings) -> frozenset[str]:
     names: set[str] = set()
     for a in kubelet.allocations:
         names.update(_allocated_cdi(a, settings))
-        names.update(n for key, value in a.annotations.items() for n in value.split(","))
+        prefixed = (
+            v for k, v in a.annotations.items() if k.startswith(tuple(settings.cdi_annotation_prefixes))
+        )
+        names.update(n for value in prefixed for n in value.split(","))  # also as written, untrimmed
     view = kubelet.dra_view
     if view is not None:
         names.update(cdi for claim in view.claims for device in claim.devices for cdi in device.cdi_ids)
