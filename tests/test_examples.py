@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from tests.bundles import EXAMPLES, MIG_UUID, SLICE_UUID, hook_cli, node_args
+from tests.bundles import EXAMPLES, MIG_UUID, REPO, SLICE_UUID, hook_cli, node_args
 
 EXPECTED = {
     "slice-privileged": ("apply", f"narrowed a privileged container to its plugin allocation {SLICE_UUID}"),
@@ -157,3 +158,70 @@ def test_dra_example_keeps_only_its_claims_gpu(tmp_path: Path) -> None:
     absent = str(tmp_path / "none")  # the last --kubelet-dra-state wins
     without = run_example("dra-claim-privileged", tmp_path, "json", "--kubelet-dra-state", absent)
     assert json.loads(without[1])["verdict"] == "none"  # the issue's measurement: no DRA evidence
+
+
+def _readme_dra_command() -> list[str]:
+    """The DRA example's command as the README gives it (backticks), run from the repo root."""
+    row = next(
+        line for line in (REPO / "README.md").read_text().splitlines() if "`dra-claim-privileged`" in line
+    )
+    command = next(c for c in re.findall(r"`([^`]+)`", row) if c.startswith("hook --bundle"))
+    return shlex.split(command)[1:]
+
+
+def test_the_readmes_dra_command_is_complete(tmp_path: Path) -> None:
+    """Issue 29: the README's command alone narrows the DRA pod to its claim (no flag to add)."""
+    args = _readme_dra_command()
+    res = hook_cli(*args, "--driver-root", str(tmp_path), "--format", "json", cwd=REPO)
+    assert (res.returncode, res.stderr) == (0, "")
+    report = json.loads(res.stdout)
+    assert report["verdict"] == "apply" and report["reason"].startswith(EXPECTED["dra-claim-privileged"][1])
+
+
+def test_without_the_dra_state_the_text_says_it_was_absent_and_what_that_meant(tmp_path: Path) -> None:
+    """Issue 29: "left alone" never stands without the reason: the kubelet's DRA state was absent."""
+    absent = tmp_path / "no-dra-state"
+    rc, out, err = run_example("dra-claim-privileged", tmp_path, "text", "--kubelet-dra-state", str(absent))
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[1] == "verdict:  none" and "left alone" in lines[2]
+    assert f"kubernetes DRA: {absent} absent; claims unknown" in lines
+    assert any(
+        line.startswith(
+            "evidence absent: the kubelet's DRA state is absent: no DRA claim of this pod is known"
+        )
+        and "--kubelet-dra-state" in line
+        for line in lines
+    )
+    meant = "evidence absent: so nothing the kubelet wrote bounds this privileged container: "
+    assert meant + "it keeps every device" in lines
+
+
+def test_dra_decisions_speak_of_claims(tmp_path: Path) -> None:
+    rc, out, _ = run_example("dra-claim-privileged", tmp_path, "text")
+    assert rc == 0
+    assert "why:      narrowed a privileged container to its DRA claim ml/gpu-claim (dra-claim:" in out
+
+
+def test_seed001_asked_for_does_not_read_as_eight_gpus(tmp_path: Path) -> None:
+    """Issue 29: the plugin pod's 8 cards are nodes the engine already put in linux.devices, not an
+    allocation of 8 GPUs: "asked for" lists only its env asks; the nodes are listed as given."""
+    rc, out, _ = run_example("device-plugin-seed001", tmp_path, "text")
+    assert rc == 0
+    lines = out.splitlines()
+    asked = lines[
+        lines.index("asked for:") + 1 : next(i for i, x in enumerate(lines) if x.startswith("given"))
+    ]
+    assert [line.split()[0] for line in asked] == ["all", "all"]
+    assert not any("/dev/nvidia" in line for line in asked)
+    given = next(x for x in lines if x.startswith("given already:"))
+    assert given.startswith("given already: 12 node(s) in linux.devices with their own allow rules")
+    assert "not GPUs the kubelet allocated" in given
+
+
+def test_the_text_lists_what_the_slice_pod_keeps(tmp_path: Path) -> None:
+    rc, out, _ = run_example("slice-privileged", tmp_path, "text")
+    assert rc == 0
+    lines = out.splitlines()
+    keeps = [line.split()[0] for line in lines[lines.index("keeps:") + 1 :] if line.startswith("  ")]
+    assert keeps == ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
