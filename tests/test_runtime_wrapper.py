@@ -109,7 +109,7 @@ def test_create_rewrites_the_config_keeps_the_original_and_passes_every_argument
 
 @pytest.mark.parametrize(
     "form",
-    [["run", "-b", "{b}", "id"], ["run", "--bundle={b}", "id"], ["--systemd-cgroup", "run", "-b={b}", "id"]],
+    [["run", "-b", "{b}", "id"], ["run", "--bundle={b}", "id"], ["--systemd-cgroup", "run", "--b={b}", "id"]],
 )
 def test_every_bundle_spelling(kit: dict[str, Any], form: list[str]) -> None:
     put(kit, "slice-privileged")

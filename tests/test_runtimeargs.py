@@ -12,6 +12,7 @@ import contextlib
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from hook.routes.runtimeargs import (
     read_crun_1_8,
     read_runc_1_1,
     read_runc_1_2,
+    readings,
 )
 
 
@@ -53,9 +55,90 @@ CRUN_SPELLINGS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("args", RUNC_SPELLINGS + CRUN_SPELLINGS, ids=" ".join)
-def test_every_spelling_of_the_bundle_names_its_config(args: list[str]) -> None:
+def _reads(reader: Callable[[list[str]], Creates | None], args: list[str]) -> str | None:
+    try:
+        found = reader(args)
+    except ArgsError:
+        return None
+    return found.config_path if found else None
+
+
+def _every_runtime_reads(args: list[str]) -> bool:
+    return all(_reads(reader, args) == "A/config.json" for _, reader in runtimeargs.READERS)
+
+
+AGREED = [a for a in RUNC_SPELLINGS + CRUN_SPELLINGS if _every_runtime_reads(a)]
+ONE_RUNTIME = [a for a in RUNC_SPELLINGS + CRUN_SPELLINGS if not _every_runtime_reads(a)]
+
+
+@pytest.mark.parametrize("args", AGREED, ids=" ".join)
+def test_every_spelling_all_runtimes_read_names_its_config(args: list[str]) -> None:
     assert cfg(args) == "A/config.json"
+
+
+@pytest.mark.parametrize("args", ONE_RUNTIME, ids=" ".join)
+def test_a_spelling_only_some_runtimes_read_is_refused(args: list[str]) -> None:
+    """Issue 28 item 6: the wrapper cannot know which runtime it fronts, so a line one of them
+    rejects (``-bA`` is crun's, ``-bundle=A`` runc's) is one it cannot decide for sure: refused,
+    and nothing is written. Each reader still reads its own runtime's spelling."""
+    assert any(_reads(reader, args) == "A/config.json" for _, reader in runtimeargs.READERS)
+    with pytest.raises(ArgsError, match="not every runtime would create a container from it"):
+        cfg(args)
+
+
+def test_engines_command_lines_are_read_by_every_runtime() -> None:
+    """What containerd (go-runc) and CRI-O or podman (conmon) pass reads the same for all four."""
+    containerd = ["--root", "/run/containerd/runc/k8s.io", "--log", "/l/log.json", "--log-format", "json",
+                  "--systemd-cgroup", "create", "--bundle", "A", "--pid-file", "/l/init.pid",
+                  "--no-pivot", "--no-new-keyring", "--console-socket", "/s", "0123abcd"]
+    conmon = ["--systemd-cgroup", "--root=/run/runc", "create", "--bundle", "A", "--pid-file", "/p", "c1.2-x"]
+    for args in (containerd, conmon):
+        found = creates(args, lambda d: d == "A")
+        assert found is not None and (found.config_path, found.cgroup_manager) == ("A/config.json", "systemd")
+    found = creates(["create", "--bundle", "A", "id"], lambda d: d == "A")
+    assert found is not None and found.cgroup_manager == "cgroupfs"
+
+
+# Issue 28 item 6: lines both runtimes reject before reading any config. The wrapper used to take
+# each for a create from the working directory's config.json (a reading took the option's value
+# without checking it as the runtime does) and rewrote that file.
+BOTH_REJECT = [
+    ["--cgroup-manager=bogus", "create", "id"], ["--log-format=xml", "create", "id"],
+    ["--log-level=bogus", "create", "id"], ["--log-format=", "create", "id"],
+]  # fmt: skip
+# ids runc refuses (validateID) after it has read config.json, and crun accepts
+BAD_IDS = [["create", "a/b"], ["create", ".."], ["create", "a b"]]
+
+
+@pytest.mark.parametrize("args", BOTH_REJECT + BAD_IDS, ids=" ".join)
+def test_a_line_the_runtimes_reject_names_no_config(args: list[str]) -> None:
+    with pytest.raises(ArgsError):
+        cfg(args)
+
+
+def test_option_values_are_checked_as_each_runtime_checks_them() -> None:
+    with pytest.raises(ArgsError, match="unknown cgroup manager"):
+        read_crun(["--cgroup-manager=bogus", "create", "id"])
+    with pytest.raises(ArgsError, match="unknown verbosity"):
+        read_crun(["--log-level=loud", "create", "id"])
+    with pytest.raises(ArgsError, match="unknown log format"):
+        read_crun_1_8(["--log-format=", "create", "id"])
+    assert read_runc_1_1(["--log-format=", "create", "id"]) is not None  # runc: "" is the default
+    for reader in (read_runc_1_1, read_runc_1_2):
+        with pytest.raises(ArgsError, match="invalid log-format"):
+            reader(["--log-format=xml", "create", "id"])
+        with pytest.raises(ArgsError, match="invalid id format"):
+            reader(["create", "a b"])
+    assert read_runc_1_1(["create", "a,b"]) is not None  # 1.1's pattern takes a comma
+    with pytest.raises(ArgsError, match="invalid id format"):
+        read_runc_1_2(["create", "a,b"])
+    assert read_crun(["--version", "--cgroup-manager=x", "create", "id"]) is None  # argp exits first
+    with pytest.raises(ArgsError, match="unknown cgroup manager"):
+        read_crun(["--cgroup-manager=x", "--version", "create", "id"])
+    sd = read_crun(["--systemd-cgroup", "--cgroup-manager", "cgroupfs", "create", "id"])
+    assert sd is not None and sd.cgroup_manager == "cgroupfs"  # the last one wins, in order
+    sd = read_crun(["--cgroup-manager", "cgroupfs", "--systemd-cgroup", "create", "id"])
+    assert sd is not None and sd.cgroup_manager == "systemd"
 
 
 def test_the_readers_apart() -> None:
@@ -113,10 +196,13 @@ GO_TRUE_SPELLINGS = [
 @pytest.mark.parametrize("args", GO_FALSE_SPELLINGS, ids=" ".join)
 def test_a_runc_bool_flag_set_to_false_is_off_and_the_create_is_read(args: list[str]) -> None:
     """Issue 31: ``runc --help=false create ...`` creates the container (runc reads the bool flag
-    as Go's ``strconv.ParseBool`` does), so the wrapper must read its bundle, not pass it through as
-    a help request; crun refuses the line, so runc's reading is the only one and it is decided."""
-    assert cfg(args) == "A/config.json"
-    assert read_runc_1_1(args) == read_runc_1_2(args) is not None
+    as Go's ``strconv.ParseBool`` does), so the wrapper must never pass it through as a help
+    request; crun refuses the line, and since issue 28 item 6 a line one runtime refuses is refused
+    (the runtime never runs), so the container is never started undecided."""
+    found = read_runc_1_1(args)
+    assert found == read_runc_1_2(args) and found is not None and found.config_path == "A/config.json"
+    with pytest.raises(ArgsError, match=r"not every runtime would create|would not create a container"):
+        cfg(args)
 
 
 @pytest.mark.parametrize("args", GO_TRUE_SPELLINGS, ids=" ".join)
@@ -130,8 +216,8 @@ def test_a_runc_bool_flag_set_to_true_prints_and_creates_nothing(args: list[str]
         (["create", "id", "-x"], "no runtime accepts it"),
         (["create"], "no runtime accepts it"),
         (["create", "--frobnicate", "-b", "A", "id"], "no runtime accepts it"),
-        (["create", "-f", "other.json", "-b", "A", "id"], "crun --config other.json"),
-        (["run", "--config=/x.json", "id"], "crun --config /x.json"),
+        (["create", "-f", "other.json", "-b", "A", "id"], "runc 1.1: flag provided but not defined: -f"),
+        (["run", "--config=/x.json", "id"], "runc 1.1: flag provided but not defined: -config"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
@@ -140,15 +226,21 @@ def test_what_no_grammar_reads_for_sure_is_refused(args: list[str], why: str) ->
         cfg(args)
 
 
-def test_readings_that_differ_are_refused() -> None:
-    """runc reads ``-bundle=A`` as bundle A, crun as bundle ``undle=A``: with both there, it cannot tell."""
-    assert cfg(["create", "-bundle=A", "id"]) == "A/config.json"  # no directory "undle=A": crun would fail
+def test_readings_that_differ_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runc reads ``-bundle=A`` as bundle A, crun as bundle ``undle=A``: with both there, it cannot
+    tell; with one there, crun would fail, so it is refused all the same."""
     with pytest.raises(ArgsError, match="different configs"):
         cfg(["create", "-bundle=A", "id"], ("A", "undle=A"))
+    with pytest.raises(ArgsError, match="not every runtime"):
+        cfg(["create", "-bundle=A", "id"])
+    other = Creates(command="create", bundle="B", ident="id")
+    monkeypatch.setattr(readings, "READERS", (*readings.READERS, ("other", lambda _args: other)))
+    with pytest.raises(ArgsError, match=re.escape("different configs: A/config.json, B/config.json")):
+        cfg(["create", "-b", "A", "id"])
 
 
 def test_a_reading_that_creates_against_one_that_does_not_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtimeargs, "READERS", (*runtimeargs.READERS, ("never", lambda _args: None)))
+    monkeypatch.setattr(readings, "READERS", (*readings.READERS, ("never", lambda _args: None)))
     with pytest.raises(ArgsError, match="never would not create"):
         cfg(["create", "-b", "A", "id"])
 
@@ -165,6 +257,7 @@ PROBES = RUNC_SPELLINGS + CRUN_SPELLINGS + [
     ["create", "--pid-file", "--bundle", "A", "id"], ["create", "x", "-b", "A", "-b", "B"],
     ["create", "--console-socket", "--bundle", "A", "id"], ["--log", "create", "run", "-b", "B", "id"],
     *GO_FALSE_SPELLINGS, *GO_TRUE_SPELLINGS,
+    *BOTH_REJECT, ["--systemd-cgroup", "create", "--bundle", "A", "id"],
 ]  # fmt: skip
 
 

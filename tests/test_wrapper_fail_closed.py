@@ -50,22 +50,17 @@ def _decided(bundle: Path) -> bool:
 @pytest.mark.parametrize(
     "form",
     [
-        ["create", "-bundle", "{b}", "id"],
-        ["create", "-bundle={b}", "id"],
         ["create", "--b", "{b}", "id"],
         ["create", "--b={b}", "id"],
-        ["create", "-b{b}", "id"],
-        ["create", "--bun={b}", "id"],
-        ["create", "--bund", "{b}", "id"],
-        ["create", "id", "--bundle", "{b}"],
-        ["run", "-db{b}", "id"],
-        ["-root", "/r", "-log=/l", "run", "-bundle", "{b}", "id"],
+        ["create", "-b", "{b}", "--", "id"],
+        ["--", "run", "-d", "--bundle={b}", "id"],
+        ["--root", "/r", "--log=/l", "run", "--bundle", "{b}", "id"],
+        ["--systemd-cgroup", "create", "--bundle", "{b}", "--pid-file", "/p", "id"],
         ["restore", "--image-path", "/img", "--bundle", "{b}", "id"],
-        ["restore", "-d", "-b={b}", "id"],
     ],
     ids=lambda f: " ".join(f),
 )
-def test_every_spelling_decides_the_config_the_runtime_reads(
+def test_every_spelling_all_runtimes_read_decides_the_config_they_read(
     kit: dict[str, Any],  # noqa: F811
     decoy: Path,
     form: list[str],
@@ -78,6 +73,56 @@ def test_every_spelling_decides_the_config_the_runtime_reads(
     assert _decided(kit["bundle"])
     assert (decoy / "config.json").read_bytes() == PRIVILEGED and not (decoy / "config.json.orig").exists()
     assert sorted(p.name for p in kit["bundle"].iterdir()) == ["config.json", "config.json.orig", "rootfs"]
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        ["create", "-bundle", "{b}", "id"],
+        ["create", "-bundle={b}", "id"],
+        ["create", "-b{b}", "id"],
+        ["create", "--bun={b}", "id"],
+        ["create", "--bund", "{b}", "id"],
+        ["create", "id", "--bundle", "{b}"],
+        ["run", "-db{b}", "id"],
+        ["-root", "/r", "-log=/l", "run", "-bundle", "{b}", "id"],
+        ["restore", "-d", "-b={b}", "id"],
+    ],
+    ids=lambda f: " ".join(f),
+)
+def test_a_spelling_one_runtime_rejects_touches_no_config(
+    kit: dict[str, Any],  # noqa: F811
+    decoy: Path,
+    form: list[str],
+) -> None:
+    """Issue 28 item 6: a line runc or crun rejects (``-bX`` is crun's; ``-bundle X`` runc's) may
+    be the real runtime's, which would not run it: the wrapper refuses and writes nothing, in the
+    bundle or in the working directory."""
+    put(kit, "slice-privileged")
+    res = wrap(kit, *[a.replace("{b}", str(kit["bundle"])) for a in form], cwd=decoy)
+    _refused(kit, res, "cannot tell which config")
+    for d in (kit["bundle"], decoy):
+        assert (d / "config.json").read_bytes() == PRIVILEGED and not (d / "config.json.orig").exists()
+
+
+@pytest.mark.parametrize(
+    "form",
+    [["--cgroup-manager=bogus", "create", "id"], ["--log-format=xml", "create", "id"],
+     ["--log-level=loud", "run", "id"], ["create", "a/b"]],
+    ids=lambda f: " ".join(f),
+)  # fmt: skip
+def test_a_line_both_runtimes_reject_leaves_the_working_directory_alone(
+    kit: dict[str, Any],  # noqa: F811
+    decoy: Path,
+    form: list[str],
+) -> None:
+    """Issue 28 item 6: runc and crun both reject these (runc: an unknown flag, ``invalid
+    log-format``, ``invalid id format``; crun: ``unknown cgroup manager specified``, ``unknown log
+    format type``, ``unknown verbosity``), yet the wrapper read them as a create from the working
+    directory and rewrote its config.json. Now: refused, nothing written, the runtime never runs."""
+    res = wrap(kit, *form, cwd=decoy)
+    _refused(kit, res, "cannot tell which config")
+    assert (decoy / "config.json").read_bytes() == PRIVILEGED and not (decoy / "config.json.orig").exists()
 
 
 def test_a_symlinked_config_is_followed_as_the_runtime_follows_it(kit: dict[str, Any]) -> None:  # noqa: F811
@@ -123,7 +168,7 @@ def test_a_config_that_cannot_be_read_as_a_file_is_refused(
     [
         (["create", "--frobnicate", "-b", "{b}", "id"], "no runtime accepts it"),
         (["create", "-b", "{b}"], "no runtime accepts it"),
-        (["create", "-f", "other.json", "-b", "{b}", "id"], "crun --config other.json"),
+        (["create", "-f", "other.json", "-b", "{b}", "id"], "flag provided but not defined: -f"),
     ],
     ids=["unknown-option", "no-id", "crun-config"],
 )
