@@ -39,7 +39,11 @@ SAFETY = (
     "hook/adapters/specwriter.py",
     "hook/routes/runtimeargs",  # the runtime command-line reading (and the modules split from it)
     "hook/routes/serve",  # the decider (and the modules split from it)
+    "hook/routes/answer.py",  # the decider's side of one request: the MAC check, the fingerprint
+    "hook/routes/wire.py",  # the node key and the MACs that bind requests and answers
     "hook/routes/client",  # the decider's client
+    "hook/routes/offer.py",  # the hook's side: when it asks, what an answer may become
+    "hook/routes/act.py",  # the one apply-and-log path, for both deciders
     "hook/tools/nodefs.py",  # the installer's file writes (inside --root, whole writes)
 )
 
