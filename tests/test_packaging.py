@@ -328,18 +328,28 @@ def test_daemonset_is_schedulable_on_gpu_nodes() -> None:
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert any(t.get("operator") == "Exists" for t in pod["tolerations"])
     for c in pod["containers"]:
-        assert c["image"] and c["command"] and c["securityContext"]["privileged"] is True
+        assert c["image"] and c["command"]
+        assert c["securityContext"]["privileged"] is (c["name"] == "installer")
     installer = next(c for c in pod["containers"] if c["name"] == "installer")
     assert installer["lifecycle"]["preStop"]["exec"]["command"]
 
 
-def test_daemonset_runs_the_decider_in_the_host_pid_namespace(tmp_path: Path) -> None:
-    """Issue 23 item 4: the pod that installs the hook runs ``hook serve`` on the node."""
+def test_daemonset_runs_the_decider_with_least_privilege(tmp_path: Path) -> None:
+    """Issue 23 item 4: the pod that installs the hook runs ``hook serve`` on the node; issue 27
+    item 6: only what deciding needs: no privileged, no host PID namespace, no capability but
+    the chroot, the node's / read-only, writable only its socket dir and its key dir."""
     pod = _k8s_docs()["DaemonSet"]["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True
+    assert not pod.get("hostPID")
     decider = next(c for c in pod["containers"] if c["name"] == "decider")
     assert decider["command"] == ["/bin/sh", "/scripts/decider.sh"]
-    assert {m["name"] for m in decider["volumeMounts"]} == {"scripts", "host-root"}
+    sc = decider["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_CHROOT"]}
+    mounts = {m["name"]: m for m in decider["volumeMounts"]}
+    assert set(mounts) == {"scripts", "host-root", "decider-socket", "decider-key"}
+    assert mounts["host-root"]["readOnly"] is True and mounts["scripts"]["readOnly"] is True
+    assert mounts["decider-socket"]["mountPath"] == "/host/run/oci-device-hook"
+    assert mounts["decider-key"]["mountPath"] == "/host/var/lib/oci-device-hook"
     script = _k8s_script("decider.sh", tmp_path).read_text()
     assert 'exec chroot "$root" "$hook" serve' in script
 
@@ -349,8 +359,14 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
     pod = docs["DaemonSet"]["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     host = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in volumes.values() if "hostPath" in v}
-    assert host == {"/": "Directory"}  # the node's root: the prefix, hooks.d, containerd, chroot
+    assert host == {
+        "/": "Directory",  # the node's root: the prefix, hooks.d, containerd, chroot
+        "/run/oci-device-hook": "DirectoryOrCreate",  # the decider's socket
+        "/var/lib/oci-device-hook": "DirectoryOrCreate",  # the decider's key
+    }
+    installer = next(c for c in pod["containers"] if c["name"] == "installer")
     mounts = {m["name"]: m for c in pod["containers"] for m in c["volumeMounts"]}
+    mounts.update({m["name"]: m for m in installer["volumeMounts"]})
     assert set(mounts) == set(volumes)
     assert mounts["host-root"]["mountPath"] == "/host" and not mounts["host-root"].get("readOnly")
     assert f"ConfigMap/{volumes['scripts']['configMap']['name']}" in docs
@@ -441,3 +457,19 @@ def test_deb_registers_containerd_with_the_installers_engine_step(deb: Path, tmp
     assert undone.returncode == 0, undone.stderr
     assert cfg.read_text() == DEB_NODE_CONTAINERD
     assert not (root / "var/lib/oci-device-hook/install.json").exists()
+
+
+def test_the_decider_unit_gets_only_what_deciding_needs() -> None:
+    """Issue 27 item 6: ``hook serve`` under systemd: root for the root-only files it reads, but no
+    capability, a read-only file system but for its socket dir and key dir, cgroups read-only
+    (it writes none), no network but unix sockets."""
+    unit = (REPO / "packaging" / "debian" / "oci-device-hook-decider.service").read_text()
+    lines = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert lines["ExecStart"].endswith("/hook serve")
+    assert lines["CapabilityBoundingSet"] == "" and lines["AmbientCapabilities"] == ""
+    assert lines["NoNewPrivileges"] == "yes" and lines["ProtectSystem"] == "strict"
+    assert (lines["RuntimeDirectory"], lines["RuntimeDirectoryMode"]) == ("oci-device-hook", "0700")
+    assert lines["RuntimeDirectoryPreserve"] == "yes"  # the hooks' fast-path record stays across restarts
+    assert (lines["StateDirectory"], lines["StateDirectoryMode"]) == ("oci-device-hook", "0700")
+    assert lines["ProtectControlGroups"] == "yes" and lines["PrivateNetwork"] == "yes"
+    assert lines["RestrictAddressFamilies"] == "AF_UNIX"

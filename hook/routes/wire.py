@@ -163,7 +163,7 @@ def _identity(path: str, full: bool) -> str:
         st = os.stat(path)
     except (OSError, ValueError):
         return "-"
-    parts = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if full else (st.st_dev, st.st_ino)
+    parts = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if full else st[1:3]
     return ":".join(map(str, parts))
 
 
@@ -172,7 +172,8 @@ def fingerprint(opts: dict[str, list[str]], settings_path: str) -> bytes:
     identity: an edit changes it) and every option that names where the node is read (each path
     and the identity of what it names, so a decider that sees another file system under the same
     names differs). Equal fingerprints: the decider decides as this hook would; else it declines."""
-    lines = [os.path.abspath(settings_path), _identity(settings_path, True)]
+    given = "--config" in opts  # an explicit file must exist; the default may be absent
+    lines = [os.path.abspath(settings_path), _identity(settings_path, True), str(given)]
     for name in ("--driver-root", "--cdi-spec-dir", "--inventory"):
         for value in opts.get(name, ()):
             lines += [name, value, _identity(value, name == "--inventory")]
