@@ -230,7 +230,6 @@ class Node:
         self, sid: str, pod: cri.PodSpec, annotations: dict[str, str]
     ) -> tuple[str, dict[str, str]]:
         """The kubelet's CreateContainer + StartContainer for container ``cuda``; (id, its probe)."""
-        assert self.client is not None
         spec = cri.ContainerSpec(
             name="cuda",
             image=IMAGE,
@@ -238,6 +237,13 @@ class Node:
             log_path="cuda.log",
             annotations=annotations,
         )
+        return self.run_container_spec(sid, pod, spec)
+
+    def run_container_spec(
+        self, sid: str, pod: cri.PodSpec, spec: cri.ContainerSpec
+    ) -> tuple[str, dict[str, str]]:
+        """Create and start ``spec``, wait for it to exit 0; (id, the probe in its CRI log)."""
+        assert self.client is not None
         cid = self.client.create(sid, spec, pod)
         self.client.start(cid)
         for _ in range(200):
@@ -319,3 +325,22 @@ def test_the_annotation_the_kubelets_checkpoint_carries_still_allocates(node: No
         assert seen[f"dev{GPUS[2].minor}"] == "ENXIO"
     else:  # nothing told containerd's runc about the device: a plugin needs the list opened
         no_gpu(seen)
+
+
+def test_containerd_1_6_drops_the_cri_cdi_devices_field(node: Node) -> None:
+    """A 1.28+ device plugin's CDI device (a DRA claim's too) travels in the CRI ``CDI_devices``
+    field. containerd 1.6 ignores it: nothing of it reaches config.json, and the container opens no
+    GPU (on 1.7.2+ containerd injects it itself)."""
+    assert node.client is not None
+    if not node.client.version().split()[-1].startswith("1.6."):
+        pytest.skip("containerd 1.7.2+ injects CDI devices itself: the 1.6 reading does not apply")
+    name = f"nvidia.com/gpu={UUID2}"
+    pod = node.pod({})
+    sid = node.run_pod(pod)
+    command = ["/bin/sh", "-c", probe_script("/tmp")]
+    spec = cri.ContainerSpec(
+        name="cuda", image=IMAGE, command=command, log_path="cuda.log", cdi_devices=[name]
+    )
+    cid, seen = node.run_container_spec(sid, pod, spec)
+    no_gpu(seen)
+    assert not node.decisions().get(cid, {}).get("requests"), node.decisions()
