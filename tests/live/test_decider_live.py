@@ -62,9 +62,25 @@ def plain(bundle_dir: Path, host: dict[str, Path]) -> Bundle:
     return build_bundle(bundle_dir, probe_args(["/dev/null", "/dev/nvidia0"]), hooks=the_hook(host))
 
 
+def cdi_container(bundle_dir: Path, host: dict[str, Path]) -> Bundle:
+    """A plain container asking for one GPU by a CDI annotation (outside Kubernetes)."""
+    cdi = REPO / "examples" / "node" / "cdi"
+    return build_bundle(
+        bundle_dir,
+        probe_args(["/dev/nvidia1", "/dev/nvidia0"]),
+        hooks=the_hook(host, cdi),
+        annotations={"cdi.k8s.io/x": f"nvidia.com/gpu={SLICE_UUID}"},
+    )
+
+
 # maker, verdict; each start is served: a fresh private /run holds no fast-path record for the
 # test's custom settings, so even the plain container takes the full path (decided "none")
-CASES = {"slice": (slice_pod, "apply"), "mig": (mig_pod, "apply"), "plain": (plain, "none")}
+CASES = {
+    "slice": (slice_pod, "apply"),
+    "mig": (mig_pod, "apply"),
+    "plain": (plain, "none"),
+    "cdi": (cdi_container, "apply"),
+}
 
 
 @V1V2
@@ -83,6 +99,65 @@ def test_served_and_in_process_starts_are_identical(
     first, second = records(host["log"])
     assert "decider" not in first and second.pop("decider") == "answered"
     assert first == second and first["verdict"] == verdict
+
+
+def deny_pod(bundle_dir: Path, host: dict[str, Path]) -> Bundle:
+    """The slice pod under ``privileged_allocation: reject``: refused (exit 3), nothing applied."""
+    host["settings"].write_text(host["settings"].read_text() + "privileged_allocation: reject\n")
+    return slice_pod(bundle_dir, host)
+
+
+def refused_pod(bundle_dir: Path, host: dict[str, Path]) -> Bundle:
+    """The MIG pod with no CDI spec for its device: an error (exit 1), nothing applied."""
+    b = mig_pod(bundle_dir, host)
+    b.config["hooks"] = the_hook(host)  # the empty spec dir
+    return b.write()
+
+
+REFUSALS = {"deny": (deny_pod, "deny", 3), "refused": (refused_pod, "error", 1)}
+
+
+@V1V2
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_served_and_in_process_refusals_are_identical(
+    bundle_dir: Path, host: dict[str, Path], tmp_path: Path, case: str, cgroup2: bool
+) -> None:
+    make, verdict, code = REFUSALS[case]
+    b = make(bundle_dir, host)
+    alone = run_container(b, cgroup2=cgroup2)
+    with_it, status = run_served(b, tmp_path / "status.json", cgroup2=cgroup2)
+    assert alone.rc != 0 and with_it.rc != 0 and not parse_probe(alone.stdout + with_it.stdout)
+    hook_lines = [
+        [ln.split("stderr: ", 1)[-1] for ln in r.stderr.splitlines() if "oci-device-hook" in ln]
+        for r in (alone, with_it)
+    ]
+    assert hook_lines[0] == hook_lines[1] != [], hook_lines
+    assert all(f"exit status {code}," in r.stderr for r in (alone, with_it))  # the hook's own status
+    assert status.get("requests") == 1, status
+    first, second = records(host["log"])
+    assert "decider" not in first and second.pop("decider") == "answered"
+    assert first == second and first["verdict"] == verdict
+
+
+@V1V2
+def test_a_served_dra_pod_is_the_in_process_one(bundle_dir: Path, tmp_path: Path, cgroup2: bool) -> None:
+    """The privileged DRA pod of tests/live/test_dra_live.py (its claim's GPU only)."""
+    from tests.dra_shapes import dra_state, injected_nodes, write_claim_spec
+    from tests.live.test_dra_live import CLAIM, Node, gpu_claim
+
+    node = Node(tmp_path, "4x-k8s")
+    write_claim_spec(node.cdi, CLAIM, gpus=[2])
+    node.dra.write_bytes(dra_state([gpu_claim(2)]))
+    b = node.pod(bundle_dir, "containerd", injected_nodes(gpus=[2]))
+    alone = run_container(b, cgroup2=cgroup2)
+    with_it, status = run_served(b, tmp_path / "status.json", cgroup2=cgroup2)
+    assert alone.rc == with_it.rc == 0, (alone.stderr, with_it.stderr)
+    assert parse_probe(alone.stdout) == parse_probe(with_it.stdout)
+    node.only(parse_probe(with_it.stdout), 2)
+    assert status.get("requests") == 1, status
+    first, second = records(tmp_path / "hook.log")
+    assert "decider" not in first and second.pop("decider") == "answered"
+    assert first == second and first["verdict"] == "apply"
 
 
 def two_starts(b1: Bundle, b2: Bundle, change: str, out: Path) -> tuple[int, int, dict[str, Any]]:
@@ -153,6 +228,8 @@ def _path(call: str) -> str:
     if name.startswith("/") or "<" not in quoted[0]:
         return name
     return quoted[0].split("<", 1)[1].split(">", 1)[0] + "/" + name
+
+
 # what the decider opens for writing and may: its socket dir and fast-path record, its key, the
 # settings' cache (marker key, inventory), and Python's own bytecode cache
 MAY_WRITE = ("/run/oci-device-hook/", "/var/lib/oci-device-hook/", "__pycache__")
