@@ -136,3 +136,40 @@ def test_the_runtime_wrapper_decides_the_same_with_the_decider(tmp_path: Path, n
     for rec in records:  # the container ids differ (alone/served): they are the command line's
         rec.pop("container", None)
     assert records[0] == records[1] and records[0]["route"] == "wrapper"
+
+
+def test_a_served_spec_level_start_is_the_fast_path_and_the_client(tmp_path: Path, node: Path) -> None:
+    """Issue 27 item 4: the wrapper's (and hooks.d precreate's) per-start process stays thin when the
+    decider answers: the fast path, the client and the log step; no decision module, no yaml, and
+    none of ``json``, ``re``, ``enum``, ``pathlib`` (run as the launcher runs it: ``python3 -ISB``)."""
+    import yaml
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "hook").symlink_to(Path(__file__).resolve().parents[1] / "hook")
+    (lib / "yaml").symlink_to(Path(yaml.__file__).resolve().parent)
+    settings = settings_file(tmp_path)
+    args = ["--driver-root", str(node), "--inventory", str(NODE_INVENTORY), "--cdi-spec-dir", str(NODE_CDI)]
+    args += ["--config", str(settings)]
+    out = tmp_path / "modules.jsonl"
+    proc_py = Path(__file__).resolve().parents[1] / "bench" / "hookproc.py"
+    run = [sys.executable, "-ISB", str(proc_py), str(lib), str(out), "--", "precreate", *args]
+    config = EXAMPLES / "slice-privileged" / "config.json"
+    line = " ".join(map(_q, run)) + f" < {_q(str(config))} > /dev/null"
+    proc = _served([line, line], args, tmp_path / "status.json")
+    assert proc.returncode == 0, proc.stderr
+    alone, served = (json.loads(x) for x in out.read_text().splitlines())
+    assert alone["rc"] == served["rc"] == 0
+    records = [json.loads(x) for x in (tmp_path / "hook.log").read_text().splitlines()]
+    assert [r.get("decider") for r in records] == [None, "answered"]
+    loaded = set(served["loaded"])
+    ours = {m for m in loaded if m.startswith("hook.")}
+    assert ours <= {
+        "hook.entry", "hook.routes", "hook.routes.fastpath", "hook.sources", "hook.sources.privatefile",
+        "hook.core", "hook.core.version", "hook.routes.wire", "hook.routes.client", "hook.routes.act",
+        "hook.routes.offer", "hook.core.record", "hook.routes.decision", "hook.adapters", "hook.adapters.log",
+        "hook.core.escape", "hook.sources.kubelet", "hook.core.kubelet", "hook.sources.kubelet.podid",
+        "hook.routes.logrecord",
+    }, ours  # fmt: skip
+    assert not loaded & {"json", "re", "enum", "pathlib", "yaml", "hashlib", "socket", "typing"}
+    assert {"hook.routes.gather", "hook.core.decide"} <= set(alone["loaded"])  # the control

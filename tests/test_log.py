@@ -60,3 +60,20 @@ def test_symlinked_log_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "hook.log").symlink_to(target)
     assert write_log({"id": "c"}, tmp_path / "hook.log") is not None
     assert target.read_text() == "keep\n"
+
+
+def test_lines_are_json_dumps_text_without_importing_json() -> None:
+    """``dumps`` (json's C encoder, so the served start path loads no ``re``) writes exactly what
+    ``json.dumps(sort_keys=True, default=str)`` writes, whatever the record holds."""
+    import json
+    from pathlib import Path
+
+    from hook.adapters.log import dumps
+
+    records = [
+        {"b": [1, 2.5, -0.0, 1e300, 10**40], "a": {"z": None, "y": True, "\u2028": "\x1b\u00e9\ud800"}},
+        {"path": Path("/x"), "set": {3}, "nested": [[{"k": "v"}]], "inf": float("inf")},
+        {},
+    ]
+    for rec in records:
+        assert dumps(rec) == json.dumps(rec, sort_keys=True, default=str)

@@ -82,9 +82,7 @@ def _write(record: dict[str, Any], d: Live | Spec, session: Session, by_hand: bo
         sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
         session.err(f"oci-device-hook: run by hand: not appended to {log.file} (--log does)\n")
         return
-    from pathlib import Path
-
-    problem = write_log(line, Path(log.file), max_bytes=log.max_bytes)
+    problem = write_log(line, log.file, max_bytes=log.max_bytes)
     if problem:
         session.err(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
 
