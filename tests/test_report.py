@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,46 @@ def test_render_text_none_is_short(name: str, tmp_path: Path) -> None:
     assert lines[1] == "verdict:  none"
     if name == "privileged-no-allocation":  # what it keeps: one line, not every node
         assert lines[3] == "keeps:    every device (its rules allow all, and nothing was narrowed)"
+
+
+def _k8s_report(checkpoint_state: str, dra_state: str, *, problem: str = "", privileged: bool = True) -> Any:
+    kubernetes = {
+        "namespace": "ml", "pod": "p", "pod_uid": "u", "container": "c", "checkpoint": "/ck",
+        "checkpoint_state": checkpoint_state, "allocation": [], "trusted_namespace": False,
+        "dra": {"state_file": "/dra", "state": dra_state, "claims": [], "decided": []},
+        "identity_problem": problem,
+    }  # fmt: skip
+    return {
+        "verdict": "none", "reason": "r", "requests": [], "evidence": [], "cgroup": [], "warnings": [],
+        "container": {"id": "x", "privileged": privileged, "sys_admin": True, "widened": privileged},
+        "nodes": {"create": [], "remove": []}, "keeps": [], "kubernetes": kubernetes,
+    }  # fmt: skip
+
+
+def test_the_text_says_which_kubelet_evidence_was_absent_and_what_that_meant() -> None:
+    lines = render_text(_k8s_report("absent", "absent")).splitlines()
+    absent = [line for line in lines if line.startswith("evidence absent:")]
+    assert absent == [
+        "evidence absent: the device-plugin checkpoint is absent: no allocation of this pod is known, so "
+        "none bounds its devices, and its env counts only if a plugin corroborates it",
+        "evidence absent: the kubelet's DRA state is absent: no DRA claim of this pod is known, so no claim "
+        "narrows it (simulation: --kubelet-dra-state FILE reads a node's state)",
+        "evidence absent: so nothing the kubelet wrote bounds this privileged container: "
+        "it keeps every device",
+    ]
+    assert "kubernetes DRA: /dra absent; claims unknown" in lines
+
+
+def test_read_evidence_and_a_sandbox_have_no_absent_line() -> None:
+    for state in ("read", "sandbox"):
+        lines = render_text(_k8s_report(state, "read", privileged=False)).splitlines()
+        assert not [line for line in lines if line.startswith("evidence absent:")], state
+
+
+def test_an_untrusted_identity_says_the_files_were_not_consulted() -> None:
+    lines = render_text(
+        _k8s_report("untrusted", "absent", problem="two engines", privileged=False)
+    ).splitlines()
+    assert (
+        "evidence absent: the kubelet's files were not consulted: no allocation of this pod counts" in lines
+    )

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from hook.core.decide import Inputs, container_facts, scope
 from hook.core.escape import clean
+from hook.core.kubelet import SANDBOX
 from hook.core.plan import Node, Plan, Verdict
 from hook.core.rules import Access, DeviceType, Rule, evaluate
 
@@ -130,7 +131,7 @@ def _absent(report: dict[str, Any], k: dict[str, Any]) -> list[str]:
         out.append(
             "evidence absent: the kubelet's files were not consulted: no allocation of this pod counts"
         )
-    elif k["checkpoint_state"] != "read":
+    elif k["checkpoint_state"] not in ("read", SANDBOX):  # a sandbox is given nothing, whatever the files say
         out.append(
             f"evidence absent: the device-plugin checkpoint is {k['checkpoint_state']}: no allocation of "
             "this pod is known, so none bounds its devices, and its env counts only if a plugin "
