@@ -57,6 +57,7 @@ HOOK_MODULES = {
     # issue 28: every NVIDIA device class narrowed (the classes, the scope, the host's class nodes)
     "hook.core.devclasses", "hook.core.scope", "hook.sources.nvidia.classes",
     "hook.adapters.apply", "hook.adapters.apply.transaction", "hook.adapters.apply.devnodes",
+    "hook.adapters.apply.devpath",
     "hook.adapters.apply.locate", "hook.adapters.apply.cgroup_v1", "hook.sources.cachefile",
     "hook.core.escape",
     # issue 23: the (absent) decider is asked first; views kept only in it

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hook.adapters.apply import devnodes
+from hook.adapters.apply import devnodes, devpath
 from hook.core.errors import ApplyError
 from hook.core.plan import Node
 
@@ -134,7 +134,7 @@ def test_unpivoted_without_rootfs_is_refused(tmp_path: Path, spawn: Callable[[st
 
 @pytest.fixture(params=["openat2", "walk"])
 def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(devnodes, "_openat2_works", [request.param == "openat2"])
+    monkeypatch.setattr(devpath, "_openat2_works", [request.param == "openat2"])
     return str(request.param)
 
 
@@ -313,31 +313,31 @@ def test_openat2_unavailable_falls_back_to_the_walk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
 ) -> None:
     (tmp_path / "sub").mkdir()
-    monkeypatch.setattr(devnodes, "_openat2_works", [True])
-    monkeypatch.setattr(devnodes, "_libc", _Openat2Fails(err))
+    monkeypatch.setattr(devpath, "_openat2_works", [True])
+    monkeypatch.setattr(devpath, "_libc", _Openat2Fails(err))
     dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fd = devnodes._open_child_dir(dirfd, "sub")
+        fd = devpath.open_child_dir(dirfd, "sub")
         assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / "sub"))
         os.close(fd)
     finally:
         os.close(dirfd)
-    assert devnodes._openat2_works == [False]
+    assert devpath._openat2_works == [False]
 
 
 def test_openat2_refusal_is_not_retried_by_the_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any other errno is openat2's answer (here EACCES): the fallback must not second-guess it."""
     (tmp_path / "sub").mkdir()
-    monkeypatch.setattr(devnodes, "_openat2_works", [True])
-    monkeypatch.setattr(devnodes, "_libc", _Openat2Fails(errno.EACCES))
+    monkeypatch.setattr(devpath, "_openat2_works", [True])
+    monkeypatch.setattr(devpath, "_libc", _Openat2Fails(errno.EACCES))
     dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(PermissionError) as info:
-            devnodes._open_child_dir(dirfd, "sub")
+            devpath.open_child_dir(dirfd, "sub")
     finally:
         os.close(dirfd)
     assert info.value.filename == "sub"
-    assert devnodes._openat2_works == [True]
+    assert devpath._openat2_works == [True]
 
 
 def test_the_helpers_real_wait_status_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:

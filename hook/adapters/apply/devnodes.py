@@ -1,14 +1,10 @@
 """Device nodes inside a live container: create the Plan's nodes, remove its removals, undo both.
 
 Rule: every change happens in a forked child that has joined the container's mount namespace
-(``setns`` on ``/proc/<pid>/ns/mnt``) and every container path is resolved from an ``O_PATH``
-root fd one component at a time, never following a symlink and never accepting ``..``
-(``openat2`` with ``RESOLVE_NO_SYMLINKS|RESOLVE_BENEATH`` per component, else an
-``O_NOFOLLOW`` open checked with ``fstat``). A path under a symlinked component is an error,
-so a hostile image cannot point ``/dev`` at a host directory. Each node is re-checked with
-``lstat`` (``S_ISCHR``/``S_ISBLK`` and major:minor) after ``mknod``; only device nodes are ever
-removed. The child reports a journal (JSON over a pipe) so the parent can undo exactly what
-was done, even when the child failed half-way.
+(``setns`` on ``/proc/<pid>/ns/mnt``), and every container path is resolved and changed by
+``hook.adapters.apply.devpath`` (one component at a time from an ``O_PATH`` fd, no symlink, no
+``..``, no other mount). The child reports a journal (JSON over a pipe) so the parent can undo
+exactly what was done, even when the child failed half-way.
 
 Where the container root is: runc runs prestart/createRuntime hooks before ``pivot_root``
 (checked with runc 1.1.5: the init's root is the namespace's copy of the host ``/``, and the
@@ -30,13 +26,12 @@ the skipped paths come back in ``Undo.skipped`` for the report's warnings.
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from hook.adapters.apply.devpath import Change, DevDir, open_child_dir, run_actions, split_container_path
 from hook.core.errors import ApplyError
 from hook.core.plan import Node
 from hook.core.record import fields, record
@@ -48,235 +43,14 @@ if TYPE_CHECKING:
 __all__ = ["Change", "Undo", "apply", "split_container_path"]
 
 CLONE_NEWNS = 0x00020000
-SYS_OPENAT2 = 437  # x86_64 and aarch64 (asm-generic) alike
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-DIR_MODE = 0o755
-_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-@record
-class Change:
-    """One journal entry: ``mkdir`` or ``mknod`` (we created it) or ``unlink`` (we removed it)."""
-
-    op: str
-    path: str
-    type: str = ""
-    major: int = 0
-    minor: int = 0
-    mode: int = 0
-    uid: int = 0
-    gid: int = 0
-
-
-def split_container_path(path: str) -> tuple[str, ...]:
-    """``/dev/a/b`` → ``("dev", "a", "b")``; anything not strictly below ``/dev`` is refused."""
-    parts = tuple(path.split("/"))
-    if len(parts) < 3 or parts[0] != "" or parts[1] != "dev" or any(p in ("", ".", "..") for p in parts[1:]):
-        raise ApplyError("plan", path, "device paths must be normalized absolute paths below /dev")
-    return parts[1:]
-
-
-# ---- syscalls ---------------------------------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_openat2_works = [True]
 
 
 def _setns(fd: int) -> None:
     if hasattr(os, "setns"):
         os.setns(fd, CLONE_NEWNS)
-    elif _libc.setns(fd, CLONE_NEWNS) != 0:
+    elif ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNS) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-
-
-class OtherMount(Exception):
-    """A path component is another mount (or filesystem) than the container's ``/dev``."""
-
-
-def _open_child_dir(dirfd: int, name: str, same_dev: int | None = None) -> int:
-    """Open one existing directory component below ``dirfd`` without following a symlink.
-
-    With ``same_dev`` (the container ``/dev``'s ``st_dev``) the component must not be another
-    mount: ``openat2`` refuses the crossing (``RESOLVE_NO_XDEV``), the fallback compares ``st_dev``.
-    """
-    if _openat2_works[0]:
-        resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH
-        if same_dev is not None:
-            resolve |= RESOLVE_NO_XDEV
-        how = _OpenHow(_DIR_FLAGS, 0, resolve)
-        fd = _libc.syscall(SYS_OPENAT2, dirfd, name.encode(), ctypes.byref(how), ctypes.sizeof(how))
-        if fd >= 0:
-            return int(fd)
-        err = ctypes.get_errno()
-        if err == errno.EXDEV and same_dev is not None:
-            raise OtherMount(name)
-        if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: seccomp may block unknown syscalls
-            raise OSError(err, os.strerror(err), name)
-        _openat2_works[0] = False
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dirfd)
-    st = os.fstat(fd)
-    if not stat.S_ISDIR(st.st_mode):  # O_PATH|O_NOFOLLOW opens a symlink itself
-        os.close(fd)
-        raise OSError(errno.ELOOP, "symbolic link in container path", name)
-    if same_dev is not None and st.st_dev != same_dev:
-        os.close(fd)
-        raise OtherMount(name)
-    return fd
-
-
-# ---- the child's work -------------------------------------------------------------------------
-
-
-class _Dev:
-    """The container's ``/dev`` in the child: its fd, its ``st_dev``, the journal and the skips."""
-
-    def __init__(self, fd: int, st_dev: int) -> None:
-        self.fd = fd
-        self.st_dev = st_dev
-        self.journal: list[Change] = []
-        self.skipped: list[list[str]] = []  # [container path, why]
-
-
-def _walk(dev: _Dev, parts: Sequence[str], create: bool) -> int | None:
-    """An fd for the directory ``/dev/<parts>``, creating missing ones (0755) when asked."""
-    fd = os.dup(dev.fd)
-    try:
-        for i, name in enumerate(parts):
-            try:
-                nxt = _open_child_dir(fd, name, dev.st_dev)
-            except FileNotFoundError:
-                if not create:
-                    os.close(fd)
-                    return None
-                os.mkdir(name, DIR_MODE, dir_fd=fd)
-                dev.journal.append(Change(op="mkdir", path="/dev/" + "/".join(parts[: i + 1]), mode=DIR_MODE))
-                nxt = _open_child_dir(fd, name, dev.st_dev)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _lstat(dirfd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-def _same_device(st: os.stat_result | None, kind: str, major: int, minor: int) -> bool:
-    is_kind = stat.S_ISCHR if kind == "c" else stat.S_ISBLK
-    return st is not None and is_kind(st.st_mode) and divmod_dev(st.st_rdev) == (major, minor)
-
-
-def divmod_dev(rdev: int) -> tuple[int, int]:
-    return os.major(rdev), os.minor(rdev)
-
-
-def _mknod(dev: _Dev, node: Change) -> None:
-    """Create one node (parents too); an identical node already there is left alone."""
-    parts = split_container_path(node.path)[1:]
-    dirfd = _walk(dev, parts[:-1], create=True)
-    assert dirfd is not None
-    try:
-        st = _lstat(dirfd, parts[-1])
-        if st is not None:
-            if _same_device(st, node.type, node.major, node.minor):
-                return
-            raise ApplyError(node.path, "mknod", "exists and is not the planned device node")
-        kind = stat.S_IFCHR if node.type == "c" else stat.S_IFBLK
-        os.mknod(parts[-1], kind | (node.mode & 0o7777), os.makedev(node.major, node.minor), dir_fd=dirfd)
-        dev.journal.append(node)
-        try:
-            os.chown(parts[-1], node.uid, node.gid, dir_fd=dirfd, follow_symlinks=False)
-        except OSError as exc:
-            raise ApplyError(node.path, "chown", exc.strerror or str(exc)) from exc
-        if not _same_device(_lstat(dirfd, parts[-1]), node.type, node.major, node.minor):
-            raise ApplyError(node.path, "mknod", "node differs from the plan after mknod")
-    finally:
-        os.close(dirfd)
-
-
-def _unlink(dev: _Dev, path: str, expect: Change | None) -> None:
-    """Remove one char/block node of the container's /dev; with ``expect`` only if it is still that device."""
-    parts = split_container_path(path)[1:]
-    dirfd = _walk(dev, parts[:-1], create=False)
-    if dirfd is None:
-        return
-    try:
-        st = _lstat(dirfd, parts[-1])
-        if st is None:
-            return
-        if expect is not None and not _same_device(st, expect.type, expect.major, expect.minor):
-            return  # something else is there now: not ours to remove
-        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
-            raise ApplyError(path, "unlink", "refusing to remove something that is not a device node")
-        if st.st_dev != dev.st_dev:  # a node bind-mounted from elsewhere (the host's, typically)
-            raise OtherMount(parts[-1])
-        os.unlink(parts[-1], dir_fd=dirfd)
-        kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
-        major, minor = divmod_dev(st.st_rdev)
-        mode = stat.S_IMODE(st.st_mode)
-        dev.journal.append(
-            Change(
-                op="unlink",
-                path=path,
-                type=kind,
-                major=major,
-                minor=minor,
-                mode=mode,
-                uid=st.st_uid,
-                gid=st.st_gid,
-            )
-        )
-    finally:
-        os.close(dirfd)
-
-
-def _rmdir(dev: _Dev, path: str) -> None:
-    """Remove a directory we created, only while it is empty."""
-    parts = split_container_path(path)[1:]
-    dirfd = _walk(dev, parts[:-1], create=False)
-    if dirfd is None:
-        return
-    try:
-        os.rmdir(parts[-1], dir_fd=dirfd)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY):
-            raise
-    finally:
-        os.close(dirfd)
-
-
-def _run_actions(dev: _Dev, actions: Sequence[tuple[str, Change]]) -> None:
-    """Each action in order; one that would cross into another mount is skipped and noted.
-
-    Any other failure names the container path and the operation (one ``ApplyError``).
-    """
-    for op, change in actions:
-        try:
-            if op == "mknod":
-                _mknod(dev, change)
-            elif op in ("unlink", "unlink-ours"):
-                _unlink(dev, change.path, expect=change if op == "unlink-ours" else None)
-            elif op == "rmdir":
-                _rmdir(dev, change.path)
-        except OtherMount as exc:
-            dev.skipped.append([change.path, f"{exc} is another mount than the container's /dev"])
-        except OSError as exc:
-            raise ApplyError(change.path, op, exc.strerror or str(exc)) from exc
 
 
 def _container_root(
@@ -299,14 +73,14 @@ def _container_root(
     return fd
 
 
-def _open_dev(root_fd: int, host_devs: frozenset[int]) -> _Dev | None:
+def _open_dev(root_fd: int, host_devs: frozenset[int]) -> DevDir | None:
     """The container's /dev below its root; None when it is on a host filesystem (shared)."""
-    fd = _open_child_dir(root_fd, "dev")  # /dev is a mount of its own: crossing into it is fine
+    fd = open_child_dir(root_fd, "dev")  # /dev is a mount of its own: crossing into it is fine
     st = os.fstat(fd)
     if st.st_dev in host_devs:
         os.close(fd)
         return None
-    return _Dev(fd, st.st_dev)
+    return DevDir(fd, st.st_dev)
 
 
 def _child(
@@ -320,7 +94,7 @@ def _child(
 ) -> None:
     """Runs in the forked child: join, resolve root and /dev, act, report; never returns."""
     report: dict[str, Any] = {"error": None, "journal": [], "skipped": []}
-    dev: _Dev | None = None
+    dev: DevDir | None = None
     try:
         try:
             _setns(ns_fd)
@@ -336,7 +110,7 @@ def _child(
             why = "/dev is on a host filesystem (the st_dev of the host's /, /dev or <driver-root>/dev)"
             report["skipped"] = [[c.path, why] for _, c in actions]
         else:
-            _run_actions(dev, actions)
+            run_actions(dev, actions)
     except ApplyError as exc:
         report["error"] = [exc.file, exc.field, exc.reason]
     except OSError as exc:
