@@ -23,6 +23,9 @@ import pytest
 from tests.bundles import (
     PRIVATE_RUN,
     _hook_exe,
+    alloc_resp,
+    checkpoint,
+    checkpoint_entry,
     config,
     hook_cli,
     host_devices,
@@ -202,13 +205,18 @@ def test_log_line_has_time_version_pod_and_engine(
 def test_error_lines_name_the_pod_only_as_the_config_tells_it(readable: bool, tmp_path: Path) -> None:
     """An error after config.json was read names the pod; before, nothing tells the engine (its
     linux.cgroupsPath is unknown), so the line names none rather than what the annotations claim."""
-    ann = {**CONTAINERD_POD, "cdi.k8s.io/x": "nvidia.com/gpu=no-such-device"}
+    plugin = {"cdi.k8s.io/x": "nvidia.com/gpu=no-such-device"}  # the kubelet's word (issue 28)
+    ann = {**CONTAINERD_POD, **plugin}
     bundle = _priv_bundle(tmp_path, ann)
     if not readable:
         cfg = json.loads((bundle / "config.json").read_text())
         cfg["linux"]["devices"][0]["major"] = "x"
         (bundle / "config.json").write_text(json.dumps(cfg))
-    args = ["prestart", *node_args(), "--config", str(settings_file(tmp_path))]
+    resp = alloc_resp(annotations=plugin)
+    entry = checkpoint_entry("nvidia.com/gpu", ["x"], resp, pod_uid="uid-a", container="worker")
+    (tmp_path / "ckpt").write_bytes(checkpoint([entry]))
+    settings = settings_file(tmp_path, kubelet_checkpoint=str(tmp_path / "ckpt"))
+    args = ["prestart", *node_args(), "--config", str(settings)]
     res = _live(tmp_path, state(bundle, annotations=ann), *args)
     assert res.returncode == 1, res.stderr
     rec = json.loads((tmp_path / "hook.log").read_text())
