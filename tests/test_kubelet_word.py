@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.bundles import ALLOW_ALL, alloc_resp, checkpoint
+from tests.bundles import ALLOW_ALL, alloc_resp, checkpoint, settings_file, simulate, write_bundle
 from tests.dra_shapes import dra_state, gpu_id, write_claim_spec
 from tests.hosttree import make_host_tree
 from tests.k8s_shapes import (
@@ -184,6 +184,18 @@ def test_the_pods_sandbox_is_never_granted_a_device(
         "annotation cdi.k8s.io/x ignored: a pod's sandbox (pause) container is never granted a device",
         "NVIDIA_VISIBLE_DEVICES=all ignored: a pod's sandbox (pause) container is never granted a device",
     ]
+
+
+def test_the_text_report_says_it_is_the_sandbox(tmp_path: Path, node: dict[str, Path], capsys: Any) -> None:
+    cfg = pod_config(image_env=["PATH=/bin"])
+    cfg["annotations"] = sandbox_annotations("containerd", **ALL)
+    (tmp_path / "ck").write_bytes(checkpoint([]))
+    settings = settings_file(tmp_path, kubelet_checkpoint=str(tmp_path / "ck"))
+    args = ["--driver-root", str(node["root"]), "--cdi-spec-dir", str(node["cdi"]), "--config", str(settings)]
+    rc, text, _ = simulate(write_bundle(tmp_path / "b", cfg), *args, capsys=capsys, fmt="text")
+    assert rc == 0
+    assert "kubernetes: pod ml/train-0 sandbox (pause) container: the kubelet allocates it nothing" in text
+    assert "evidence absent" not in text
 
 
 @pytest.mark.parametrize("engine", ENGINES)

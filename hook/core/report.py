@@ -202,6 +202,8 @@ def render_text(report: dict[str, Any]) -> str:
         pod = clean(f"{k['namespace'] or '?'}/{k['pod'] or k['pod_uid']}")
         if k.get("identity_problem"):
             lines.append(f"kubernetes: no trusted pod identity: {clean(k['identity_problem'])}")
+        elif k["checkpoint_state"] == SANDBOX:
+            lines.append(f"kubernetes: pod {pod} sandbox (pause) container: the kubelet allocates it nothing")
         else:
             lines.append(
                 f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
