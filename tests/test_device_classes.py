@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ import pytest
 from tests.bundles import (
     ALL_CAPS,
     POD_ANNOTATIONS,
+    PRIVATE_RUN,
+    _hook_exe,
     alloc_resp,
     checkpoint,
     checkpoint_entry,
@@ -278,3 +281,26 @@ def test_the_text_report_lists_what_the_container_keeps(
     card = drm_card(board.spec.gpus[1])
     assert f"  {'/dev/dri/card' + str(card):<44} {f'c {DRM_MAJOR}:{card}':<12} rwm" in keeps
     assert not any("nvswitch" in line or "nvlink" in line for line in keeps)
+
+
+def test_spec_level_allow_list_holds_its_drm_nodes_and_no_fabric_major(board: Board, tmp_path: Path) -> None:
+    """``hook precreate`` hands the runtime an allow-list: the pod's card and DRM nodes, the control
+    nodes and the BMC's card0 are allowed; no NVSwitch, NVLink or IMEX minor, and no other GPU's."""
+    (tmp_path / "no-cdi").mkdir()
+    cfg = slice_pod(board, 1)
+    args = ["precreate", "--driver-root", str(board.root), "--config", str(settings_file(tmp_path))]
+    args += ["--cdi-spec-dir", str(tmp_path / "no-cdi")]
+    res = subprocess.run(  # its fast-path record goes to a private /run
+        [*PRIVATE_RUN, *_hook_exe(), *args], input=json.dumps(cfg).encode(), capture_output=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rules = out["linux"]["resources"]["devices"]
+    assert rules[0] == {"allow": False, "type": "a", "major": None, "minor": None, "access": "rwm"}
+    allowed = {(r["major"], r["minor"]) for r in rules[1:] if r["type"] == "c"}
+    assert {(DRM_MAJOR, drm_card(board.spec.gpus[1])), (DRM_MAJOR, drm_render(board.spec.gpus[1]))} <= allowed
+    assert (DRM_MAJOR, 0) in allowed and (board.spec.nvidia_major, 1) in allowed
+    assert not {m for m, _ in allowed} & {NVSWITCH_MAJOR, NVLINK_MAJOR, board.spec.imex_major}
+    assert not {(DRM_MAJOR, drm_card(g)) for g in board.spec.gpus if g.index != 1} & allowed
+    paths = {d["path"] for d in out["linux"]["devices"]}
+    assert "/dev/nvidia-nvswitchctl" not in paths and f"/dev/dri/card{drm_card(board.spec.gpus[1])}" in paths
