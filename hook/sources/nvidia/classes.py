@@ -4,7 +4,7 @@ Rule: everything comes from the driver root: ``proc/devices`` (class majors), ``
 (each DRM node's ``dev`` numbers and the PCI address its ``device`` link names: read with
 ``readlink``, never followed), ``proc/driver/nvidia/gpus/<pci>/information`` (which PCI addresses
 are NVIDIA GPUs, and their minors), ``proc/driver/nvidia-caps/{nvlink,sys}-minors`` (the fabric
-capabilities) and the char nodes two levels under ``dev/`` (lstat). Anything unreadable is simply
+capabilities) and the char nodes of ``dev/`` and its class directories (lstat). Anything unreadable is simply
 not found: an unattributed DRM node is then left to the ``accelerator_nodes`` globs (denied by
 default), so a gap narrows, never frees. Read only for a container that may be narrowed.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from hook.core.devclasses import ClassNode, HostClasses, Key, class_majors
@@ -30,6 +31,7 @@ __all__ = ["host_classes", "read_classes"]
 
 _FABRIC_FILES: Final = ("proc/driver/nvidia-caps/nvlink-minors", "proc/driver/nvidia-caps/sys-minors")
 _MAX: Final = 1 << 16  # these files are a few lines; more is not the driver's
+_NODE_DIRS: Final = ("", "dri", "nvidia-caps", "nvidia-caps-imex-channels")
 
 
 def _read(root: Path, rel: str) -> str:
@@ -66,47 +68,50 @@ def _fabric(root: Path) -> frozenset[int]:
     return frozenset(minors)
 
 
-def _char_nodes(root: Path) -> list[Node]:
-    """Every char node two levels under ``dev/`` (``dri/``, ``nvidia-caps/``...), never a link."""
-    found: list[Node] = []
-
-    def walk(directory: str, rel: str, depth: int) -> None:
+def _class_nodes(root: Path, shell: HostClasses) -> list[ClassNode]:
+    """The class nodes where the driver, nvidia-modprobe and udev make them: ``dev/`` itself and
+    the ``dri``, ``nvidia-caps`` and ``nvidia-caps-imex-channels`` directories; a link is never
+    followed. Only a class node becomes a value (a host's ``/dev`` holds hundreds of others)."""
+    found: list[ClassNode] = []
+    base = os.path.join(root, "dev")
+    for sub in _NODE_DIRS:
         try:
-            entries = list(os.scandir(directory))
+            entries = list(os.scandir(os.path.join(base, sub) if sub else base))
         except OSError:
-            return
+            continue
         for e in entries:
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISDIR(st.st_mode) and depth < 2:
-                walk(e.path, f"{rel}{e.name}/", depth + 1)
-            elif stat.S_ISCHR(st.st_mode):
-                found.append(
-                    Node(
-                        path=f"/dev/{rel}{e.name}",
-                        type="c",
-                        major=os.major(st.st_rdev),
-                        minor=os.minor(st.st_rdev),
-                        file_mode=stat.S_IMODE(st.st_mode),
-                    )
+            if not stat.S_ISCHR(st.st_mode):
+                continue
+            got = shell.classify(("c", os.major(st.st_rdev), os.minor(st.st_rdev)))
+            if got is not None:
+                node = Node(
+                    path=f"/dev/{sub}/{e.name}" if sub else f"/dev/{e.name}",
+                    type="c",
+                    major=os.major(st.st_rdev),
+                    minor=os.minor(st.st_rdev),
+                    file_mode=stat.S_IMODE(st.st_mode),
                 )
-
-    walk(os.path.join(root, "dev"), "", 0)
+                found.append(ClassNode(node=node, kind=got[0], gpu=got[1]))
     return found
 
 
-def read_classes(root: Path) -> HostClasses:
-    """The host's NVIDIA classes and their nodes; empty where the NVIDIA driver is not loaded."""
+def read_classes(root: Path, gpus: Mapping[str, int] | None = None) -> HostClasses:
+    """The host's NVIDIA classes and their nodes; empty where the NVIDIA driver is not loaded.
+    ``gpus`` (PCI address -> device minor) spares reading each GPU's ``information`` again when
+    an inventory already holds them."""
     majors = class_majors(_read(root, "proc/devices"))
     drm_major = majors.pop("drm", None)
     if not majors:
         return HostClasses()
-    gpus = _gpu_minors(root)
+    if gpus is None:
+        gpus = _gpu_minors(root)
     drm: dict[Key, int] = {}
     foreign: set[Key] = set()
-    for key, (bus, vendor) in drm_devices(root).items():
+    for key, (bus, vendor) in drm_devices(root, vendor_unless=frozenset(gpus)).items():
         if bus in gpus:
             drm[key] = gpus[bus]
         elif vendor and vendor != NVIDIA_PCI_VENDOR:  # another vendor's, by its own PCI id
@@ -114,11 +119,7 @@ def read_classes(root: Path) -> HostClasses:
     shell = HostClasses(
         majors=majors, drm=drm, fabric=_fabric(root), drm_major=drm_major, foreign=frozenset(foreign)
     )
-    nodes = []
-    for node in _char_nodes(root):
-        found = shell.classify((node.type, node.major, node.minor))
-        if found is not None:
-            nodes.append(ClassNode(node=node, kind=found[0], gpu=found[1]))
+    nodes = _class_nodes(root, shell)
     nodes.sort(key=lambda n: (n.node.major, n.node.minor, n.node.path))
     return replace(shell, nodes=tuple(nodes))
 
@@ -126,7 +127,8 @@ def read_classes(root: Path) -> HostClasses:
 def host_classes(root: Path, inventory: Inventory | None = None) -> HostClasses:
     """``read_classes``; where the driver root has no ``/proc/devices`` names (a simulation from an
     ``--inventory`` snapshot), the snapshot's majors name the classes it knows."""
-    found = read_classes(root)
+    gpus = {g.pci_bus_id: g.minor for g in inventory.gpus} if inventory is not None else None
+    found = read_classes(root, gpus or None)
     if found.majors or inventory is None:
         return found
     m = inventory.majors

@@ -44,9 +44,12 @@ def _dev_numbers(path: str) -> tuple[int, int] | None:
     return None if found is None else (int(found[1]), int(found[2]))
 
 
-def drm_devices(driver_root: Path) -> dict[tuple[str, int, int], tuple[str, str]]:
+def drm_devices(
+    driver_root: Path, vendor_unless: frozenset[str] = frozenset()
+) -> dict[tuple[str, int, int], tuple[str, str]]:
     """Each DRM node's ``(type, major, minor)`` -> the PCI address sysfs puts it on and that
-    device's PCI vendor id (``0x10de``; "" when unreadable)."""
+    device's PCI vendor id (``0x10de``; "" when unreadable, or not read for an address in
+    ``vendor_unless``, whose owner the caller knows)."""
     base = os.path.join(driver_root, "sys/class/drm")
     out: dict[tuple[str, int, int], tuple[str, str]] = {}
     try:
@@ -61,7 +64,8 @@ def drm_devices(driver_root: Path) -> dict[tuple[str, int, int], tuple[str, str]
             continue
         bus = os.path.basename(target.rstrip("/")).lower()
         if numbers is not None and _BUS.fullmatch(bus):
-            out[("c", *numbers)] = (bus, _vendor(os.path.join(base, name, "device", "vendor")))
+            vendor = "" if bus in vendor_unless else _vendor(os.path.join(base, name, "device", "vendor"))
+            out[("c", *numbers)] = (bus, vendor)
     return out
 
 
