@@ -74,7 +74,11 @@ FORBIDDEN = {
 }  # fmt: skip
 
 def _slice_pod_runs(
-    tmp: Path, count: int, cgroup2: bool = False, runner: Path = REPO / "bench" / "hookproc.py"
+    tmp: Path,
+    count: int,
+    cgroup2: bool = False,
+    runner: Path = REPO / "bench" / "hookproc.py",
+    served: bool = False,
 ) -> list[dict[str, object]]:
     root = tmp / "driver"
     make_host_tree(root, "8x-mig", mknod=True)
@@ -89,16 +93,29 @@ def _slice_pod_runs(
             "--config", str(settings), "--driver-root", str(root)]  # fmt: skip
     rootfs = bundles.build_rootfs(tmp / "rootfs")
     state_root = tmp / "runc"
-    cids, script = [], ["mount -t tmpfs -o mode=0755 tmpfs /run", "mkdir /run/oci-device-hook"]
+    cids, script = [], ["mount -t tmpfs -o mode=0755 tmpfs /run", "mkdir -m 0700 /run/oci-device-hook"]
     if cgroup2:  # runc (and the hook) then see a unified host and use eBPF, in this namespace only
         script.append("mount -t cgroup2 none /sys/fs/cgroup")
+    if served:  # the warm decider, with the hook's options, its key dir a private tmpfs
+        script += [
+            "mkdir -p /var/lib/oci-device-hook",
+            "mount -t tmpfs -o mode=0700 tmpfs /var/lib/oci-device-hook",
+            f"{sys.executable} -I -m hook serve --config {settings} --driver-root {root}"
+            f" 2>{tmp}/serve.err & d=$!",
+            "i=0; while [ ! -S /run/oci-device-hook/decider.sock ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done",
+        ]
     for n in range(count):  # one namespace for all: later containers find the first one's caches
         cid = f"odh-imports-{uuid.uuid4().hex[:10]}"
         config = bundles.slice_config(rootfs, f"/odh-live/{cid}")
-        config["hooks"] = {"prestart": [{**bundles.hook_entry(Path(hook[0])), "args": hook}]}
+        entry = {**bundles.hook_entry(Path(hook[0])), "args": hook}
+        if served:  # a loaded machine's first decision must still be served, not fall back
+            entry["env"] = [*entry.get("env", []), "OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS=5000"]
+        config["hooks"] = {"prestart": [entry]}
         bundle = bundles.write_bundle(tmp / f"bundle{n}", config)
         cids.append(cid)
         script.append(f"{RUNC} --root {state_root} run --bundle {bundle} {cid} </dev/null")
+    if served:
+        script.append("kill $d; wait $d || true")
     try:
         proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", "\n".join(script)],
                               capture_output=True, timeout=120)  # fmt: skip
@@ -130,3 +147,23 @@ def test_the_slice_pods_live_path_reads_and_parses_config_json_once(tmp_path: Pa
     first container (no fast-path record yet) and the next (the fast path reads it)."""
     runs = _slice_pod_runs(tmp_path, 2, cgroup2, runner=REPO / "tests" / "parsecount.py")
     assert runs == [{"rc": 0, "opens": 1, "decodes": 1, "parses": 1}] * 2
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+def test_a_served_slice_pod_loads_no_decision_module(tmp_path: Path, cgroup2: bool) -> None:
+    """Issue 27: with the warm decider answering, the per-start hook loads the fast path, the
+    client, the decision's values and the apply adapters: no settings file, gather, decide, report,
+    oci parser, yaml or CDI engine (the decider has them loaded)."""
+    runs = _slice_pod_runs(tmp_path, 2, cgroup2, served=True)
+    assert [r["rc"] for r in runs] == [0, 0]
+    records = [json.loads(line) for line in (tmp_path / "hook.log").read_text().splitlines()]
+    assert [r.get("decider") for r in records] == ["answered", "answered"]
+    ours = {m for m in runs[-1]["loaded"] if m == "hook" or m.startswith("hook.")}  # type: ignore[attr-defined]
+    decision_modules = {
+        "hook.sources.settingsfile", "hook.routes.gather", "hook.routes.live", "hook.core.decide",
+        "hook.core.report", "hook.core.oci", "hook.core.requests", "hook.routes.resolver",
+        "hook.sources.kubelet.checkpoint", "hook.sources.nvidia.inventory", "hook.adapters.marker",
+    }  # fmt: skip
+    assert not ours & decision_modules, ours & decision_modules
+    assert {"hook.routes.client", "hook.routes.act", "hook.adapters.apply.transaction"} <= ours
+    assert not {m for m in runs[-1]["loaded"] if m in ("yaml", "hashlib", "socket", "typing")}  # type: ignore[attr-defined]
