@@ -102,7 +102,8 @@ def _slice_pod_runs(
             "mount -t tmpfs -o mode=0700 tmpfs /var/lib/oci-device-hook",
             f"{sys.executable} -I -m hook serve --config {settings} --driver-root {root}"
             f" 2>{tmp}/serve.err & d=$!",
-            "i=0; while [ ! -S /run/oci-device-hook/decider.sock ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done",
+            "i=0; while [ ! -S /run/oci-device-hook/decider.sock ] && [ $i -lt 400 ]; do",
+            "sleep 0.05; i=$((i+1)); done",
         ]
     for n in range(count):  # one namespace for all: later containers find the first one's caches
         cid = f"odh-imports-{uuid.uuid4().hex[:10]}"
