@@ -558,3 +558,67 @@ def test_run_live_acts_on_the_decision(tmp_path: Path, sockdir: Path) -> None:
     assert run_live({**opts, "--log": [""]}, stdin) == 0
     assert log_lines(log)[0]["verdict"] == "none"
     assert act.Session("prestart").route == "prestart"
+
+
+# --- issue 31: each of the decider's checks of the node key, pinned by name -----------------------------
+
+
+def _signed(
+    opts: dict[str, list[str]], key: bytes, frames: list[tuple[bytes, bytes]], body_key: bytes
+) -> bytes:
+    """A request as the hook sends it (header, its MAC, ``frames``), closed by a MAC by ``body_key``."""
+    header = [wire.MAGIC, wire.PROTOCOL, serve.VERSION.encode(), b"live"]
+    header += [wire.fingerprint(opts, opts["--config"][0]).hex().encode(), os.urandom(16).hex().encode()]
+    head = wire.frame(wire.REQUEST, b"\0".join(header))
+    body = head + wire.frame(wire.MAC, wire.mac(key, b"head", head))
+    body += b"".join(wire.frame(kind, payload) for kind, payload in frames)
+    return body + wire.frame(wire.MAC, wire.mac(body_key, b"request", body))
+
+
+@pytest.mark.parametrize("forged", ["body-mac-of-another-key", "body-changed-after-the-mac", "two-states"])
+def test_a_request_is_served_only_when_its_whole_body_proves_the_key(
+    tmp_path: Path, sockdir: Path, decider: serve.Decider, forged: str
+) -> None:
+    """Issue 31: the header's MAC alone admits nothing. The closing MAC must prove the node key over
+    every frame as sent (a container that got hold of one valid header cannot put its own state or
+    config behind it), and a request carries each frame once (two states are not read as either)."""
+    opts, stdin, _ = a_container(tmp_path)
+    look = look_at(opts, stdin, fast=False)
+    look.read_config()
+    assert look.config_bytes is not None
+    key = wire.read_key()
+    assert key is not None
+    frames = [(wire.STATE, stdin), (wire.CONFIG, look.config_bytes)]
+    honest = _signed(opts, key, frames, key)
+    assert raw(sockdir, honest)[:1] == wire.ANSWER  # the control: the same request, signed, is answered
+    if forged == "body-mac-of-another-key":
+        data = _signed(opts, key, frames, b"x" * 32)
+    elif forged == "body-changed-after-the-mac":
+        other = state(tmp_path / "elsewhere", id="ctr-2")
+        data = honest.replace(wire.frame(wire.STATE, stdin), wire.frame(wire.STATE, other))
+        assert data != honest
+    else:
+        data = _signed(opts, key, [(wire.STATE, stdin), *frames], key)
+    assert raw(sockdir, data) == b""
+    assert (decider.status()["unauthenticated"], decider.status()["requests"]) == (1, 1)
+
+
+def test_a_header_without_the_keys_mac_is_dropped_before_its_frames_are_read(
+    tmp_path: Path, sockdir: Path, decider: serve.Decider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31: the decider checks the header's MAC before it reads a frame past 4 KiB, so a client
+    without the key cannot make it hold a connection (or 24 MiB) open: it hangs up at once, while the
+    client is still sending, however long the decider would wait for a slow honest hook."""
+    monkeypatch.setattr(serve, "READ_TIMEOUT", 60.0)
+    head = wire.frame(wire.REQUEST, b"\0".join([wire.MAGIC, wire.PROTOCOL, b"x", b"live", b"f", b"n"]))
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect(str(sockdir / wire.SOCKET_NAME))
+    with s:
+        s.sendall(head + wire.frame(wire.MAC, b"\0" * 32) + wire.STATE + (1 << 20).to_bytes(4, "big") + b"{")
+        try:
+            got = s.recv(1)  # the rest of the frame never comes: only the decider can end this
+        except ConnectionResetError:
+            got = b""
+    assert got == b""
+    assert decider.status()["unauthenticated"] == 1
