@@ -164,10 +164,12 @@ def _simulate(
 
 def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
     """The config ``hook precreate`` would hand the runtime (the same fold: ``precreate.decided_config``)."""
+    from hook.routes.crunguard import check_config
     from hook.routes.precreate import decided_config
 
     opts = _options(o, use_cache=False)
     config = decided_config(inputs, plan, opts.driver_root, opts.spec_dirs)
+    check_config(config, str(out), {}, lambda: opts.driver_root)  # no command line: cgroupsPath tells
     try:
         out.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     except OSError as exc:

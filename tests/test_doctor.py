@@ -86,7 +86,7 @@ def test_healthy_host_passes_every_check(host: dict[str, Path]) -> None:
     assert code == 0, checks
     assert [c["name"] for c in checks] == [
         "driver", "cdi", "cgroup", "hooks.d", "hooks.d order", "containerd", "settings", "kubelet",
-        "kubelet DRA", "decider",
+        "kubelet DRA", "decider", "crun systemd driver",
     ]  # fmt: skip
     assert all(set(c) >= {"name", "ok", "detail"} for c in checks)
     by = _by_name(checks)
@@ -102,7 +102,7 @@ def test_text_checklist_marks_and_hints(host: dict[str, Path]) -> None:
     assert "✓ cgroup: v1 hybrid" in text
     assert "✗ driver: " in text and "no major for nvidia-uvm, nvidia-caps" in text
     assert "    fix: load the NVIDIA kernel modules" in text
-    assert text.splitlines()[-1] == "9 of 10 checks passed"
+    assert text.splitlines()[-1] == "10 of 11 checks passed"
 
 
 def test_driver_missing(host: dict[str, Path], tmp_path: Path) -> None:
@@ -364,3 +364,39 @@ def test_decider_check_says_whether_one_answers(tmp_path: Path, monkeypatch) -> 
     down = doctor.check_decider()
     stale.close()
     assert not down.ok and "Connection refused" in down.detail
+
+
+# --- issue 28 item 4: crun, the systemd driver and a minor-0 accelerator --------------------------
+
+
+@pytest.mark.parametrize(
+    ("crun", "systemd", "gpus", "warn"),
+    [(True, True, (0, 1), True), (False, True, (0, 1), False), (True, False, (0, 1), False),
+     (True, True, (1, 2), False)],
+    ids=["all-three", "no-crun", "no-systemd", "no-minor-0"],
+)  # fmt: skip
+def test_doctor_warns_where_crun_systemd_and_a_minor_0_accelerator_meet(
+    tmp_path: Path, crun: bool, systemd: bool, gpus: tuple[int, ...], warn: bool
+) -> None:
+    import os
+    import stat
+
+    from hook.tools.checks import render
+    from hook.tools.doctorcrun import check_crun_systemd
+
+    host, root = tmp_path / "host", tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    for minor in gpus:
+        os.mknod(root / "dev" / f"nvidia{minor}", stat.S_IFCHR | 0o666, os.makedev(195, minor))
+    if crun:
+        (host / "usr/bin").mkdir(parents=True)
+        (host / "usr/bin/crun").write_text("")
+    if systemd:
+        (host / "run/systemd/system").mkdir(parents=True)
+    check = check_crun_systemd(root, host)
+    assert check.ok and check.warn is warn, check
+    if warn:
+        assert "/dev/nvidia0 (195:0)" in check.detail and "DeviceAllow=char-195" in check.detail
+        text = render([check], "text")
+        assert "! crun systemd driver: /usr/bin/crun with systemd" in text
+        assert "    fix: run GPU containers" in text

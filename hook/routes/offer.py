@@ -100,10 +100,12 @@ def live_level(stage: str, opts: dict[str, list[str]], look: Look) -> int:
 def spec_level(route: str, opts: dict[str, list[str]], config: bytes) -> tuple[int, bytes]:
     """A spec-level decision (the decider's, else this process's), logged: (exit status, config)."""
     from hook.routes.act import act_spec
+    from hook.routes.crunguard import guarded
+    from hook.routes.precreate import SOURCE
 
     decision, session = spec(route, opts, config)
     if decision is None:
         from hook.routes.precreate import decide_spec, facts_from_env
 
         decision = decide_spec(opts, config, facts_from_env())
-    return act_spec(decision, config, session)
+    return act_spec(guarded(decision, config, SOURCE, opts), config, session)

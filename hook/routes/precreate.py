@@ -176,5 +176,8 @@ def run_precreate(
     opts: dict[str, list[str]], stdin: bytes, session: Session | None = None
 ) -> tuple[int, bytes]:
     """Decide in this process and act: (exit code, bytes for stdout: the decided config or the input)."""
+    from hook.routes.crunguard import guarded
+
     session = session or Session("precreate")
-    return act_spec(decide_spec(opts, stdin, facts_from_env()), stdin, session)
+    decision = decide_spec(opts, stdin, facts_from_env())
+    return act_spec(guarded(decision, stdin, SOURCE, opts), stdin, session)

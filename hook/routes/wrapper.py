@@ -42,7 +42,11 @@ CONTAINER_ID_ENV = "OCI_DEVICE_HOOK_CONTAINER_ID"
 RUNTIME_LOG_ENV = "OCI_DEVICE_HOOK_RUNTIME_LOG"
 RUNTIME_LOG_FORMAT_ENV = "OCI_DEVICE_HOOK_RUNTIME_LOG_FORMAT"
 LOADER_PREFIX = "OCI_DEVICE_HOOK_LOADER_"  # packaging/launcher.sh.in: the engine's loader variables
-_HOOK_ONLY = (RUNTIME_SEEN_ENV, CONTAINER_ID_ENV, RUNTIME_LOG_ENV, RUNTIME_LOG_FORMAT_ENV)
+# hook.routes.crunguard's names: the cgroup manager the command line names, the binary execed after
+CGROUP_MANAGER_ENV = "OCI_DEVICE_HOOK_CGROUP_MANAGER"
+RUNTIME_EXEC_ENV = "OCI_DEVICE_HOOK_RUNTIME_EXEC"
+_HOOK_ONLY = (RUNTIME_SEEN_ENV, CONTAINER_ID_ENV, RUNTIME_LOG_ENV, RUNTIME_LOG_FORMAT_ENV, CGROUP_MANAGER_ENV,
+              RUNTIME_EXEC_ENV)
 
 
 def _say(message: str) -> None:
@@ -145,6 +149,7 @@ def decide(opts: dict[str, list[str]], args: list[str]) -> int:
     os.environ[CONTAINER_ID_ENV] = target.ident
     os.environ[RUNTIME_LOG_ENV] = target.log
     os.environ[RUNTIME_LOG_FORMAT_ENV] = target.log_format
+    os.environ[CGROUP_MANAGER_ENV] = target.cgroup_manager
     path = target.config_path
     try:
         data = _read_config(path)
@@ -186,6 +191,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(PREFIX + "usage: hook runtime-wrapper [--config FILE] -- RUNTIME ARGS...\n")
         return 2
     real, args = argv[1], argv[2:]
+    os.environ[RUNTIME_EXEC_ENV] = real
     signal.signal(signal.SIGALRM, _expired)
     signal.alarm(_bound())
     code = decide(opts, args)

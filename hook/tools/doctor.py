@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hook.tools.checks import LIBEXEC, Check, render
+from hook.tools.doctorcrun import crun_line
 from hook.tools.doctorctd import check_base_spec, check_containerd, node_config
 from hook.tools.doctorhooks import check_hooks, check_hooks_order
 
@@ -237,5 +238,6 @@ def run_doctor(
         check_kubelet(settings_file, host_root),
         check_kubelet_dra(settings_file, host_root),
         check_decider(),
+        crun_line(driver_root, host_root, settings_file),
     ]
     return render(checks, fmt), 0 if all(c.ok for c in checks) else 1
