@@ -211,10 +211,16 @@ def test_a_sandbox_over_granted_by_a_runtime_is_narrowed(
     assert "(none: a pod's sandbox container is allocated no device)" in rep["reason"]
 
 
-def test_only_the_engines_own_key_makes_a_sandbox(tmp_path: Path, node: dict[str, Path], capsys: Any) -> None:
-    """A CRI-O pod writing containerd's sandbox key is still its own container (and still refused)."""
-    cfg = pod_config("crio", image_env=["PATH=/bin"], extra_annotations=ALL)
-    cfg["annotations"]["io.kubernetes.cri.container-type"] = "sandbox"
+@pytest.mark.parametrize(
+    ("engine", "other_key"),
+    [("crio", "io.kubernetes.cri.container-type"), ("containerd", "io.kubernetes.cri-o.ContainerType")],
+)
+def test_only_the_engines_own_key_makes_a_sandbox(
+    engine: str, other_key: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """A pod writing the other engine's sandbox key is still its own container (and still refused)."""
+    cfg = pod_config(engine, image_env=["PATH=/bin"], extra_annotations=ALL)
+    cfg["annotations"][other_key] = "sandbox"
     rep = run(tmp_path, node, cfg, capsys)
     assert rep["kubernetes"]["checkpoint_state"] == "read" and rep["kubernetes"]["container"] == "cuda"
     no_gpu_granted(rep)
