@@ -201,6 +201,8 @@ def test_dra_decisions_speak_of_claims(tmp_path: Path) -> None:
     rc, out, _ = run_example("dra-claim-privileged", tmp_path, "text")
     assert rc == 0
     assert "why:      narrowed a privileged container to its DRA claim ml/gpu-claim (dra-claim:" in out
+    asked = out.splitlines()[out.splitlines().index("asked for:") + 1]
+    assert asked.endswith("(DRA claim ml/gpu-claim)")  # not "(plugin)"
 
 
 def test_seed001_asked_for_does_not_read_as_eight_gpus(tmp_path: Path) -> None:

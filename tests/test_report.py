@@ -127,8 +127,9 @@ def test_the_text_says_which_kubelet_evidence_was_absent_and_what_that_meant() -
     lines = render_text(_k8s_report("absent", "absent")).splitlines()
     absent = [line for line in lines if line.startswith("evidence absent:")]
     assert absent == [
-        "evidence absent: the device-plugin checkpoint is absent: no allocation of this pod is known, so "
-        "none bounds its devices, and its env counts only if a plugin corroborates it",
+        "evidence absent: the device-plugin checkpoint is absent: no device-plugin allocation of this pod "
+        "is known, so the checkpoint bounds none of its devices, and its env counts only if a plugin "
+        "corroborates it",
         "evidence absent: the kubelet's DRA state is absent: no DRA claim of this pod is known, so no claim "
         "narrows it (simulation: --kubelet-dra-state FILE reads a node's state)",
         "evidence absent: so nothing the kubelet wrote bounds this privileged container: "

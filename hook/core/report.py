@@ -133,9 +133,9 @@ def _absent(report: dict[str, Any], k: dict[str, Any]) -> list[str]:
         )
     elif k["checkpoint_state"] not in ("read", SANDBOX):  # a sandbox is given nothing, whatever the files say
         out.append(
-            f"evidence absent: the device-plugin checkpoint is {k['checkpoint_state']}: no allocation of "
-            "this pod is known, so none bounds its devices, and its env counts only if a plugin "
-            "corroborates it"
+            f"evidence absent: the device-plugin checkpoint is {k['checkpoint_state']}: no device-plugin "
+            "allocation of this pod is known, so the checkpoint bounds none of its devices, and its env "
+            "counts only if a plugin corroborates it"
         )
     d = k.get("dra")
     if d and d["state"] not in ("read", "unverified"):
@@ -152,6 +152,12 @@ def _absent(report: dict[str, Any], k: dict[str, Any]) -> list[str]:
             "it keeps every device"
         )
     return out
+
+
+def _claim_names(k: dict[str, Any] | None) -> dict[str, str]:
+    """Claim UID -> ``namespace/name``, from the DRA state this decision read."""
+    d = (k or {}).get("dra") or {}
+    return {c["uid"]: f"{c['namespace']}/{c['name']}" for c in d.get("claims", [])}
 
 
 def _keeps_text(report: dict[str, Any]) -> list[str]:
@@ -185,9 +191,13 @@ def render_text(report: dict[str, Any]) -> str:
     asked = [r for r in report["requests"] if r["source"] != GIVEN]
     if asked:
         lines.append("asked for:")
+        names = _claim_names(report.get("kubernetes"))
         for r in asked:
             origin = "plugin" if r["from_plugin"] else "not a plugin"
-            lines.append(f"  {clean(r['value']):<44} from {clean(r['source'])} ({origin})")
+            uid = r["source"].removeprefix("dra-claim:") if r["source"].startswith("dra-claim:") else ""
+            if uid:  # a DRA request speaks of its claim, by the name a person finds it under
+                origin = f"DRA claim {names.get(uid, uid)}"
+            lines.append(f"  {clean(r['value']):<44} from {clean(r['source'])} ({clean(origin)})")
     given = [clean(r["value"]) for r in report["requests"] if r["source"] == GIVEN]
     if given:
         lines.append(
