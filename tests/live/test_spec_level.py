@@ -452,21 +452,20 @@ def test_wrapper_runs_crun_on_cgroup_v2(world: dict[str, Path], tmp_path: Path) 
 
 
 # Issue 21 item 6: spellings of the bundle option the old wrapper did not read (it fell back to the
-# working directory, here a decoy holding the same privileged config, and ran the bundle's as is)
+# working directory, here a decoy holding the same privileged config, and ran the bundle's as is).
+# Issue 28 item 6: only spellings every runtime reads the same are decided; one that only runc or
+# only crun reads is refused, and nothing is written (the line may be the other runtime's).
 SPELLINGS = {
-    "runc": [["run", "-bundle={b}", "{id}"], ["run", "--b", "{b}", "{id}"], ["run", "{id}", "-b", "{b}"]],
+    "runc": [["run", "--b", "{b}", "{id}"], ["run", "--bundle={b}", "{id}"]],
+    "crun": [["run", "-b", "{b}", "{id}"], ["run", "--b={b}", "{id}"]],
+}
+ONE_RUNTIME_SPELLINGS = {
+    "runc": [["run", "-bundle={b}", "{id}"], ["run", "{id}", "-b", "{b}"]],
     "crun": [["run", "-b{b}", "{id}"], ["run", "--bun={b}", "{id}"]],
 }
 
 
-@pytest.mark.parametrize(
-    ("runtime", "form"),
-    [(rt, f) for rt, forms in SPELLINGS.items() for f in forms],
-    ids=lambda v: v if isinstance(v, str) else " ".join(v),
-)
-def test_the_wrapper_decides_every_spelling_the_real_runtime_reads(
-    world: dict[str, Path], tmp_path: Path, runtime: str, form: list[str]
-) -> None:
+def _spelled(world: dict[str, Path], tmp_path: Path, runtime: str, form: list[str]) -> tuple[Any, Any, Path]:
     binary = RUNC if runtime == "runc" else shutil.which("crun")
     assert binary is not None, "crun is installed where the suite runs (apt-get install crun)"
     settings = tmp_path / "settings.yaml"
@@ -489,6 +488,18 @@ def test_the_wrapper_decides_every_spelling_the_real_runtime_reads(
     finally:
         delete = private_host([binary, "--root", str(state), "delete", "-f", b.id], cgroup2=v2)
         subprocess.run(delete, capture_output=True, timeout=30)
+    return proc, b, decoy
+
+
+@pytest.mark.parametrize(
+    ("runtime", "form"),
+    [(rt, f) for rt, forms in SPELLINGS.items() for f in forms],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_the_wrapper_decides_every_spelling_the_real_runtime_reads(
+    world: dict[str, Path], tmp_path: Path, runtime: str, form: list[str]
+) -> None:
+    proc, b, decoy = _spelled(world, tmp_path, runtime, form)
     assert (b.path / "config.json.orig").exists(), proc.stderr  # decided where the runtime reads
     assert ANNOTATION in json.loads((b.path / "config.json").read_text())["annotations"]
     assert not (decoy / "config.json.orig").exists()
@@ -499,6 +510,22 @@ def test_the_wrapper_decides_every_spelling_the_real_runtime_reads(
         return
     assert proc.returncode == 0, proc.stderr
     assert parse_probe(proc.stdout) == SLICE_EXPECTED
+
+
+@pytest.mark.parametrize(
+    ("runtime", "form"),
+    [(rt, f) for rt, forms in ONE_RUNTIME_SPELLINGS.items() for f in forms],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_a_spelling_only_one_runtime_reads_is_refused_and_nothing_runs(
+    world: dict[str, Path], tmp_path: Path, runtime: str, form: list[str]
+) -> None:
+    proc, b, decoy = _spelled(world, tmp_path, runtime, form)
+    assert proc.returncode == 1 and "not every runtime would create" in proc.stderr, proc.stderr
+    assert "PROBE" not in proc.stdout  # the runtime never ran the container
+    for d in (b.path, decoy):
+        assert not (d / "config.json.orig").exists()
+        assert ANNOTATION not in json.loads((d / "config.json").read_text()).get("annotations", {})
 
 
 def test_containerd_plain_container_is_untouched(
