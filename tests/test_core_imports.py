@@ -21,7 +21,11 @@ CORE = (
     "adapters/specwriter.py",
     "adapters/allowlist.py",
     "core/cdinames.py",
-    "routes/runtimeargs.py",
+    "core/crunsd.py",
+    "routes/runtimeargs/readings.py",
+    "routes/runtimeargs/values.py",
+    "routes/runtimeargs/runc.py",
+    "routes/runtimeargs/crun.py",
 )
 FORBIDDEN = {"os", "pathlib", "subprocess", "ctypes", "fcntl", "pynvml", "click", "logging"}
 # install: the installer's; serve: the decider's own start and stop lines; wrapper: the runtime
