@@ -168,3 +168,45 @@ def test_a_planted_fabric_or_foreign_drm_node_opens_only_where_the_cgroup_allows
         "/tmp/p-nvswitch1": "EPERM",
         "/tmp/p-nvlink": "EPERM",
     }
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_a_management_pod_keeps_the_fabric_nodes(
+    bundle_dir: Path, board: dict[str, Path], cgroup2: bool
+) -> None:
+    """Granted the MIG config cap (SYS_ADMIN, the default mig_management), the same pod keeps the
+    NVSwitch, NVLink and fabric-mgmt nodes by policy; other GPUs' DRM nodes still go."""
+    from tests.hosttree import TOPOLOGIES
+
+    spec = TOPOLOGIES["8x-hgx"]
+    mine, other = spec.gpus[SLICE_INDEX], spec.gpus[0]
+    args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(board["root"])]
+    args += ["--config", str(board["settings"]), "--cdi-spec-dir", str(board["no_cdi"])]
+    opens = [
+        "/dev/nvidia-nvswitchctl", "/dev/nvidia-nvswitch3", "/dev/nvidia-nvlink",
+        "/dev/nvidia-caps/nvidia-cap0", "/dev/nvidia-caps/nvidia-cap1", f"/dev/dri/card{drm_card(other)}",
+    ]  # fmt: skip
+    env = ["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={mine.uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=40g"]
+    b = build_bundle(
+        bundle_dir,
+        _script(opens, {"other-card": (DRM_MAJOR, drm_card(other))}),
+        hooks={"prestart": [hook(sys.executable, args)]},
+        devices=_host_nodes(board["root"]),
+        cgroup_devices=[{"allow": True, "access": "rwm"}],
+        env=[*env, "NVIDIA_MIG_CONFIG_DEVICES=all"],
+    )
+    caps = [*CAPS, "CAP_SYS_ADMIN"]
+    b.config["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
+    b.write()
+    res = run_container(b, cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    seen = parse_probe(res.stdout)
+    assert {p: seen[p] for p in opens} == {
+        "/dev/nvidia-nvswitchctl": "ENXIO",
+        "/dev/nvidia-nvswitch3": "ENXIO",
+        "/dev/nvidia-nvlink": "ENXIO",
+        "/dev/nvidia-caps/nvidia-cap0": "ENXIO",
+        "/dev/nvidia-caps/nvidia-cap1": "ENXIO",  # the config cap it asked for
+        f"/dev/dri/card{drm_card(other)}": "ENOENT",
+    }
+    assert _mknod_results(res.stdout) == {"/tmp/mk-other-card": "EPERM"}
