@@ -325,6 +325,35 @@ def log_cmd(
     _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", must_exist=named, **filters))
 
 
+@cli.command("metrics")
+@click.option("--config", "config_file", type=PathArg, help="settings file (log_file, metrics_textfile)")
+@click.option("--file", "log_file", type=PathArg, help="log file to read (default: the settings' log_file)")
+@click.option(
+    "--textfile",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[PATH]",
+    help="replace the node_exporter textfile (*.prom or its dir; default: the settings' metrics_textfile)",
+)
+@click.pass_context
+def metrics_cmd(
+    ctx: click.Context, /, config_file: Path | None, log_file: Path | None, textfile: str | None
+) -> None:
+    """Counters and a latency histogram over the decision log, in the Prometheus text format."""
+    from hook.sources.settingsfile import DEFAULT_PATH, load_settings
+    from hook.tools.metricslog import cmd_metrics, textfile_path
+
+    path = config_file or (ctx.find_root().obj or {}).get("config_file")
+    settings = load_settings(path or DEFAULT_PATH, required=bool(path))
+    target = textfile or settings.metrics_textfile
+    if textfile == "" and not target:
+        raise click.UsageError("--textfile: no PATH given and the settings name no metrics_textfile")
+    out = textfile_path(Path(target)) if target else None
+    log = log_file or Path(settings.log_file)
+    _finish(*cmd_metrics(log, out, write=textfile is not None, must_exist=log_file is not None))
+
+
 @cli.group("settings")
 def settings_group() -> None:
     """The settings file: check one before it is deployed."""

@@ -69,7 +69,7 @@ HOOK_MODULES = {
 FORBIDDEN = {
     "yaml", "click", "pynvml", "dataclasses", "inspect", "ast", "dis", "tempfile", "shutil", "random",
     "hook.sources.cdi", "hook.cli", "hook.adapters.apply.cgroup_v2", "hook.adapters.apply.bpf",
-    "hook.adapters.apply.bpf_sys", "hook.routes.serve",
+    "hook.adapters.apply.bpf_sys", "hook.routes.serve", "prometheus_client", "hook.tools",
     "typing", "contextlib", "importlib", "hook.sources.nvidia.nvml",
 }  # fmt: skip
 

@@ -89,7 +89,7 @@ def test_default_config_has_every_key_commented_out() -> None:
         "kubelet_dra_state", "corroborating_env", "accelerator_nodes", "cdi_kinds", "env_requests",
         "env_trusted_namespaces", "gpu_resources",
         "mig_management", "cap_access", "log_file", "log_max_bytes", "cache_dir",
-        "runtime", "driver_root", "cdi_spec_dirs", "decider",
+        "runtime", "driver_root", "cdi_spec_dirs", "decider", "metrics_textfile",
     }  # fmt: skip
     assert keys == expected
 
@@ -329,7 +329,7 @@ def test_daemonset_is_schedulable_on_gpu_nodes() -> None:
     assert any(t.get("operator") == "Exists" for t in pod["tolerations"])
     for c in pod["containers"]:
         assert c["image"] and c["command"]
-        assert c["securityContext"]["privileged"] is (c["name"] == "installer")
+        assert c["securityContext"]["privileged"] is (c["name"] == "installer")  # metrics: none either
     installer = next(c for c in pod["containers"] if c["name"] == "installer")
     assert installer["lifecycle"]["preStop"]["exec"]["command"]
 
@@ -363,6 +363,8 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
         "/": "Directory",  # the node's root: the prefix, hooks.d, containerd, chroot
         "/run/oci-device-hook": "DirectoryOrCreate",  # the decider's socket
         "/var/lib/oci-device-hook": "DirectoryOrCreate",  # the decider's key
+        "/var/log": "Directory",  # the decision log, read by the metrics container
+        "/var/lib/node_exporter/textfile_collector": "DirectoryOrCreate",  # the metrics textfile
     }
     installer = next(c for c in pod["containers"] if c["name"] == "installer")
     mounts = {m["name"]: m for c in pod["containers"] for m in c["volumeMounts"]}

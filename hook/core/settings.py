@@ -121,6 +121,7 @@ class Settings:
     driver_root: str = "/"  # --driver-root wins when given
     cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")  # --cdi-spec-dir wins when given
     decider: DeciderMode = DeciderMode.AUTO
+    metrics_textfile: str = ""  # "": none; `hook metrics --textfile` writes it (a *.prom file or its dir)
 
     @property
     def default_cdi_kind(self) -> str:
@@ -186,6 +187,8 @@ def convert(key: str, value: Any, source: str) -> Any:
         return value
     if key == "runtime":
         return _runtime(value, source)
+    if key == "metrics_textfile" and value == "":
+        return value  # no textfile (the default)
     if key == "kubelet_dra_state" and value == "":
         return value  # derived from kubelet_checkpoint (the default, as settings documents write it)
     if key == "cdi_spec_dirs":

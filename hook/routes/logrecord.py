@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from hook import STARTED
 from hook.core.version import VERSION
 from hook.sources.kubelet.podid import identify
 
@@ -68,13 +69,20 @@ def rfc3339(now: float) -> str:
 
 
 def stamp(
-    record: dict[str, Any], annotations: Mapping[str, str], now: float | None = None, cgroups_path: str = ""
+    record: dict[str, Any],
+    annotations: Mapping[str, str],
+    now: float | None = None,
+    cgroups_path: str = "",
 ) -> dict[str, Any]:
-    """The record with ``time``, ``version``, ``pod`` and ``engine`` added (a new dict);
-    ``cgroups_path`` is the config's ``linux.cgroupsPath`` ("" when the config was not read)."""
+    """The record with ``time``, ``version``, ``duration_ms``, ``pod`` and ``engine`` added (a
+    new dict); ``cgroups_path`` is the config's ``linux.cgroupsPath`` ("" when the config
+    was not read). ``duration_ms``: since the hook's package was imported (``hook.STARTED``), so
+    right only in the process that runs one container's route (the hook's, never a long-lived
+    decider's); ``hook metrics`` makes its latency histogram from it."""
     out = dict(record)
     out["time"] = rfc3339(time.time() if now is None else now)
     out["version"] = VERSION
+    out["duration_ms"] = round((time.monotonic() - STARTED) * 1000, 3)
     pod = pod_of(annotations, cgroups_path)
     if pod:
         out["pod"] = pod

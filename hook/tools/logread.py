@@ -21,7 +21,7 @@ from typing import Any
 from hook.core.errors import InputError, UsageError
 from hook.core.escape import clean
 
-__all__ = ["parse_since", "read_records", "select", "render", "cmd_log"]
+__all__ = ["parse_since", "log_files", "read_records", "select", "render", "cmd_log"]
 
 _AGO = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,7 +49,7 @@ def parse_since(text: str, now: float | None = None) -> str:
     return start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{start.microsecond // 1000:03d}Z"
 
 
-def _files(path: Path) -> list[Path]:
+def log_files(path: Path) -> list[Path]:
     """The log and its rotations, oldest first."""
     rotated: list[tuple[int, Path]] = []
     for p in path.parent.glob(path.name + ".*"):
@@ -61,7 +61,7 @@ def _files(path: Path) -> list[Path]:
 
 def read_records(path: Path) -> Iterator[dict[str, Any] | None]:
     """Every line of the log and its rotations as a dict (``None`` for a line that is not one)."""
-    for p in _files(path):
+    for p in log_files(path):
         opener = gzip.open if p.name.endswith(".gz") else open
         try:
             with opener(p, "rt", encoding="utf-8", errors="replace") as f:
@@ -177,7 +177,7 @@ def cmd_log(
     """``must_exist``: the file was named (``--file``), so a missing one is an error; the settings'
     log that does not exist yet (no container decided here) is only said so."""
     start = parse_since(since) if since else ""
-    if not _files(path):
+    if not log_files(path):
         if must_exist:
             raise InputError(str(path), "", "no such log file (nor rotated copies of it)")
         if fmt == "text":
