@@ -40,6 +40,7 @@ SHELL = {
     "tools/install/node.py",  # say(): the installer's one-line messages
     "routes/serve.py",
     "routes/wrapper.py",
+    "routes/act.py",  # the one apply-and-log step: writes the decision's stderr text and exit
 }
 
 
