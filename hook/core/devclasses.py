@@ -85,7 +85,8 @@ class ClassNode:
 @record
 class HostClasses:
     """The host's NVIDIA classes: region -> major, the DRM nodes of NVIDIA GPUs (key -> GPU minor),
-    the minors of the fabric-management caps, and every class node found under ``/dev``. A DRM
+    the minors of the fabric-management caps, and the class nodes under ``/dev`` the host scan of
+    ``accelerator_nodes`` did not already find (``nvidiactl``, NVSwitch, NVLink...). A DRM
     node sysfs ties to no other vendor's device is NVIDIA's with an unknown GPU (``gpu`` None):
     where the hook cannot tell, it narrows."""
 

@@ -115,7 +115,8 @@ def inputs_for_config(
         host = scan_accelerators(opts.driver_root or Path("/"), settings.accelerator_nodes)
         from hook.sources.nvidia.classes import host_classes  # only where narrowing may happen
 
-        classes = host_classes(opts.driver_root or Path("/"), resolver.loaded_inventory)
+        scanned = frozenset(n.path for n in host)  # class nodes the scan already found are not walked again
+        classes = host_classes(opts.driver_root or Path("/"), resolver.loaded_inventory, scanned)
     return Inputs(
         container_id=container_id,
         config=config,

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from hook.sources.nvidia.dri import dri_nodes, drm_devices
+from hook.sources.nvidia.dri import dri_nodes, drm_devices, pci_vendor
 
 BUS = "0000:2a:00.0"
 
@@ -72,7 +72,6 @@ def test_each_drm_node_names_its_address_and_vendor(tmp_path: Path) -> None:
     entry.mkdir()
     (entry / "dev").write_text("226:9\n")
     (entry / "device").symlink_to("../../../devices/pci0000:00/not-a-bus")
-    assert drm_devices(tmp_path) == {
-        ("c", 226, 0): ("0000:03:00.0", "0x1a03"),
-        ("c", 226, 1): (BUS, "0x10de"),
-    }
+    assert drm_devices(tmp_path) == {("c", 226, 0): ("0000:03:00.0", "card0"), ("c", 226, 1): (BUS, "card1")}
+    assert (pci_vendor(tmp_path, "card0"), pci_vendor(tmp_path, "card1")) == ("0x1a03", "0x10de")
+    assert pci_vendor(tmp_path, "card9") == ""  # its device link leads nowhere

@@ -19,7 +19,7 @@ from pathlib import Path
 from hook.core.devclasses import ClassNode, HostClasses, Key, class_majors
 from hook.core.plan import Node
 from hook.core.record import replace
-from hook.sources.nvidia.dri import NVIDIA_PCI_VENDOR, drm_devices
+from hook.sources.nvidia.dri import NVIDIA_PCI_VENDOR, drm_devices, pci_vendor
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -42,20 +42,14 @@ def _read(root: Path, rel: str) -> str:
         return ""
 
 
-def _gpu_minors(root: Path) -> dict[str, int]:
-    """PCI address -> device minor of every GPU the driver lists (``gpus/<pci>/information``)."""
-    out: dict[str, int] = {}
-    try:
-        buses = [e.name for e in os.scandir(os.path.join(root, "proc/driver/nvidia/gpus"))]
-    except OSError:
-        return out
-    for bus in buses:
-        text = _read(root, f"proc/driver/nvidia/gpus/{bus}/information")
-        for line in text.splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == "Device Minor" and value.strip().isdigit():
-                out[bus.lower()] = int(value.strip())
-    return out
+def _gpu_minor(root: Path, bus: str) -> int | None:
+    """The device minor of the GPU the driver lists at PCI address ``bus``; None when it lists none."""
+    text = _read(root, f"proc/driver/nvidia/gpus/{bus}/information")
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "Device Minor" and value.strip().isdigit():
+            return int(value.strip())
+    return None
 
 
 def _fabric(root: Path) -> frozenset[int]:
@@ -68,67 +62,74 @@ def _fabric(root: Path) -> frozenset[int]:
     return frozenset(minors)
 
 
-def _class_nodes(root: Path, shell: HostClasses) -> list[ClassNode]:
+def _class_nodes(root: Path, shell: HostClasses, skip: frozenset[str]) -> list[ClassNode]:
     """The class nodes where the driver, nvidia-modprobe and udev make them: ``dev/`` itself and
     the ``dri``, ``nvidia-caps`` and ``nvidia-caps-imex-channels`` directories; a link is never
-    followed. Only a class node becomes a value (a host's ``/dev`` holds hundreds of others)."""
+    followed. Paths in ``skip`` (the host scan's accelerators) are not looked at again, and only a
+    class node becomes a value (a host's ``/dev`` holds hundreds of others)."""
     found: list[ClassNode] = []
     base = os.path.join(root, "dev")
     for sub in _NODE_DIRS:
+        prefix = f"/dev/{sub}/" if sub else "/dev/"
         try:
             entries = list(os.scandir(os.path.join(base, sub) if sub else base))
         except OSError:
             continue
         for e in entries:
+            path = prefix + e.name
+            if path in skip:
+                continue
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
             if not stat.S_ISCHR(st.st_mode):
                 continue
-            got = shell.classify(("c", os.major(st.st_rdev), os.minor(st.st_rdev)))
+            major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+            got = shell.classify(("c", major, minor))
             if got is not None:
-                node = Node(
-                    path=f"/dev/{sub}/{e.name}" if sub else f"/dev/{e.name}",
-                    type="c",
-                    major=os.major(st.st_rdev),
-                    minor=os.minor(st.st_rdev),
-                    file_mode=stat.S_IMODE(st.st_mode),
-                )
+                node = Node(path=path, type="c", major=major, minor=minor, file_mode=stat.S_IMODE(st.st_mode))
                 found.append(ClassNode(node=node, kind=got[0], gpu=got[1]))
     return found
 
 
-def read_classes(root: Path, gpus: Mapping[str, int] | None = None) -> HostClasses:
-    """The host's NVIDIA classes and their nodes; empty where the NVIDIA driver is not loaded.
-    ``gpus`` (PCI address -> device minor) spares reading each GPU's ``information`` again when
-    an inventory already holds them."""
+def read_classes(
+    root: Path, gpus: Mapping[str, int] | None = None, skip: frozenset[str] = frozenset()
+) -> HostClasses:
+    """The host's NVIDIA classes, and the class nodes under ``dev/`` not in ``skip`` (paths the
+    caller's host scan already holds); empty where the NVIDIA driver is not loaded. ``gpus`` (PCI
+    address -> device minor, from an inventory) spares reading the driver's ``information`` files;
+    without it only the addresses sysfs gives a DRM node are read."""
     majors = class_majors(_read(root, "proc/devices"))
     drm_major = majors.pop("drm", None)
     if not majors:
         return HostClasses()
-    if gpus is None:
-        gpus = _gpu_minors(root)
     drm: dict[Key, int] = {}
     foreign: set[Key] = set()
-    for key, (bus, vendor) in drm_devices(root, vendor_unless=frozenset(gpus)).items():
-        if bus in gpus:
-            drm[key] = gpus[bus]
-        elif vendor and vendor != NVIDIA_PCI_VENDOR:  # another vendor's, by its own PCI id
-            foreign.add(key)
+    minors: dict[str, int | None] = dict(gpus or {})
+    for key, (bus, name) in drm_devices(root).items():
+        if bus not in minors:
+            minors[bus] = None if gpus is not None else _gpu_minor(root, bus)
+        gpu = minors[bus]
+        if gpu is not None:
+            drm[key] = gpu
+        elif (vendor := pci_vendor(root, name)) and vendor != NVIDIA_PCI_VENDOR:
+            foreign.add(key)  # another vendor's device, by its own PCI id
     shell = HostClasses(
         majors=majors, drm=drm, fabric=_fabric(root), drm_major=drm_major, foreign=frozenset(foreign)
     )
-    nodes = _class_nodes(root, shell)
+    nodes = _class_nodes(root, shell, skip)
     nodes.sort(key=lambda n: (n.node.major, n.node.minor, n.node.path))
     return replace(shell, nodes=tuple(nodes))
 
 
-def host_classes(root: Path, inventory: Inventory | None = None) -> HostClasses:
+def host_classes(
+    root: Path, inventory: Inventory | None = None, skip: frozenset[str] = frozenset()
+) -> HostClasses:
     """``read_classes``; where the driver root has no ``/proc/devices`` names (a simulation from an
     ``--inventory`` snapshot), the snapshot's majors name the classes it knows."""
     gpus = {g.pci_bus_id: g.minor for g in inventory.gpus} if inventory is not None else None
-    found = read_classes(root, gpus or None)
+    found = read_classes(root, gpus or None, skip)
     if found.majors or inventory is None:
         return found
     m = inventory.majors

@@ -24,7 +24,14 @@ TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from typing import Final
 
-__all__ = ["GRAPHICS_CAPABILITIES", "NVIDIA_PCI_VENDOR", "drm_devices", "drm_owners", "dri_nodes"]
+__all__ = [
+    "GRAPHICS_CAPABILITIES",
+    "NVIDIA_PCI_VENDOR",
+    "drm_devices",
+    "drm_owners",
+    "dri_nodes",
+    "pci_vendor",
+]
 
 GRAPHICS_CAPABILITIES: Final = frozenset({"graphics", "display"})
 NVIDIA_PCI_VENDOR: Final = "0x10de"
@@ -44,12 +51,9 @@ def _dev_numbers(path: str) -> tuple[int, int] | None:
     return None if found is None else (int(found[1]), int(found[2]))
 
 
-def drm_devices(
-    driver_root: Path, vendor_unless: frozenset[str] = frozenset()
-) -> dict[tuple[str, int, int], tuple[str, str]]:
-    """Each DRM node's ``(type, major, minor)`` -> the PCI address sysfs puts it on and that
-    device's PCI vendor id (``0x10de``; "" when unreadable, or not read for an address in
-    ``vendor_unless``, whose owner the caller knows)."""
+def drm_devices(driver_root: Path) -> dict[tuple[str, int, int], tuple[str, str]]:
+    """Each DRM node's ``(type, major, minor)`` -> the PCI address sysfs puts it on, and its
+    ``sys/class/drm`` entry's name (for ``pci_vendor``)."""
     base = os.path.join(driver_root, "sys/class/drm")
     out: dict[tuple[str, int, int], tuple[str, str]] = {}
     try:
@@ -57,16 +61,20 @@ def drm_devices(
     except OSError:
         return out
     for name in names:
-        numbers = _dev_numbers(os.path.join(base, name, "dev"))
         try:
             target = os.readlink(os.path.join(base, name, "device"))
         except (OSError, ValueError):
-            continue
+            continue  # a connector (card0-DP-1), "version": no device of its own
         bus = os.path.basename(target.rstrip("/")).lower()
-        if numbers is not None and _BUS.fullmatch(bus):
-            vendor = "" if bus in vendor_unless else _vendor(os.path.join(base, name, "device", "vendor"))
-            out[("c", *numbers)] = (bus, vendor)
+        numbers = _dev_numbers(os.path.join(base, name, "dev")) if _BUS.fullmatch(bus) else None
+        if numbers is not None:
+            out[("c", *numbers)] = (bus, name)
     return out
+
+
+def pci_vendor(driver_root: Path, name: str) -> str:
+    """The PCI vendor id (``0x10de``) of the device behind ``sys/class/drm/<name>``; "" when unreadable."""
+    return _vendor(os.path.join(driver_root, "sys/class/drm", name, "device", "vendor"))
 
 
 def _vendor(path: str) -> str:
@@ -80,7 +88,7 @@ def _vendor(path: str) -> str:
 
 def drm_owners(driver_root: Path) -> dict[tuple[str, int, int], str]:
     """Each DRM node's ``(type, major, minor)`` -> the PCI address sysfs puts it on."""
-    return {key: bus for key, (bus, _vendor_id) in drm_devices(driver_root).items()}
+    return {key: bus for key, (bus, _name) in drm_devices(driver_root).items()}
 
 
 def dri_nodes(driver_root: Path, bus_ids: Iterable[str]) -> tuple[Node, ...]:
