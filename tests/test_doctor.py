@@ -86,7 +86,7 @@ def test_healthy_host_passes_every_check(host: dict[str, Path]) -> None:
     assert code == 0, checks
     assert [c["name"] for c in checks] == [
         "driver", "cdi", "cgroup", "hooks.d", "hooks.d order", "containerd", "settings", "kubelet",
-        "kubelet DRA", "decider", "crun systemd driver",
+        "kubelet DRA", "decider", "crun systemd driver", "interpreter",
     ]  # fmt: skip
     assert all(set(c) >= {"name", "ok", "detail"} for c in checks)
     by = _by_name(checks)
@@ -102,7 +102,7 @@ def test_text_checklist_marks_and_hints(host: dict[str, Path]) -> None:
     assert "✓ cgroup: v1 hybrid" in text
     assert "✗ driver: " in text and "no major for nvidia-uvm, nvidia-caps" in text
     assert "    fix: load the NVIDIA kernel modules" in text
-    assert text.splitlines()[-1] == "10 of 11 checks passed"
+    assert text.splitlines()[-1] == "11 of 12 checks passed"
 
 
 def test_driver_missing(host: dict[str, Path], tmp_path: Path) -> None:

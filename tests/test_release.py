@@ -126,3 +126,38 @@ def test_the_deb_carries_the_license_changelog_and_its_bundles_versions(built_de
     assert (bundle["python"], bundle["glibc"]) == (version, glibc)
     assert bundle["openssl"].startswith("OpenSSL ") and bundle["openssl"].split()[1] in openssl
     assert any(p.startswith("libssl") for p in bundle["packages"])  # where its libcrypto came from
+
+
+def test_doctor_names_the_bundles_versions_and_who_patches_them(tmp_path: Path) -> None:
+    from hook.tools.doctorpython import check_interpreter
+
+    bundle = tmp_path / "python"
+    (bundle / "lib").mkdir(parents=True)
+    (bundle / "lib/ld-linux-x86-64.so.2").write_bytes(b"")
+    old = check_interpreter(bundle)  # a bundle from before BUNDLE.json: a warning, and what to do
+    assert old.ok and old.warn and "no BUNDLE.json" in old.detail and "packaging/release" in old.fix
+    info = {"python": "3.11.2", "openssl": "OpenSSL 3.0.19 27 Jan 2026", "glibc": "glibc 2.36",
+            "built": "2026-12-01T21:00:00Z", "packages": {"libssl3": "3.0.19-1~deb12u2"}}  # fmt: skip
+    (bundle / "BUNDLE.json").write_text(json.dumps(info))
+    line = check_interpreter(bundle)
+    assert line.ok and not line.warn
+    for part in ("bundled Python 3.11.2", "OpenSSL 3.0.19", "glibc 2.36", "libssl3 3.0.19-1~deb12u2"):
+        assert part in line.detail
+    assert "you patch them by rebuilding (packaging/release OUT_DIR)" in line.detail
+    own = check_interpreter(tmp_path)  # not a bundle: the node's Python
+    assert own.ok and not own.warn and "patched by the node's package manager" in own.detail
+
+
+def test_the_bundled_hook_doctor_reads_its_own_bundle(built_deb: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(built_deb), str(root)], check=True)
+    prefix = root / "usr/libexec/oci-device-hook"
+    (loader,) = (prefix / "python/lib").glob("ld-linux*.so*")
+    cmd = [str(loader), "--library-path", str(prefix / "python/lib"), str(prefix / "python/bin/python3"),
+           "-ISB", str(prefix / "launcher.py"), "doctor", "--format", "json"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    line = next(c for c in json.loads(res.stdout) if c["name"] == "interpreter")
+    bundle = json.loads((prefix / "python/BUNDLE.json").read_text())
+    assert line["ok"] and not line["warn"]
+    assert f"bundled Python {bundle['python']}, {bundle['openssl']}, {bundle['glibc']}" in line["detail"]
+    assert "packaging/release" in line["detail"]

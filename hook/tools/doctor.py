@@ -16,6 +16,7 @@ from hook.tools.checks import LIBEXEC, Check, render
 from hook.tools.doctorcrun import crun_line
 from hook.tools.doctorctd import check_base_spec, check_containerd, node_config
 from hook.tools.doctorhooks import check_hooks, check_hooks_order
+from hook.tools.doctorpython import check_interpreter
 
 REQUIRED_MAJORS = ("nvidia", "nvidia-uvm", "nvidia-caps")
 
@@ -239,5 +240,6 @@ def run_doctor(
         check_kubelet_dra(settings_file, host_root),
         check_decider(),
         crun_line(driver_root, host_root, settings_file),
+        check_interpreter(),
     ]
     return render(checks, fmt), 0 if all(c.ok for c in checks) else 1
