@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["STDIN", "Session", "act_live", "act_spec", "pid_of", "runtime_log"]
 
 STDIN = "state (stdin)"
+SPEC_SOURCE = "config.json (stdin)"  # spec level's config, in every message that names it
 # what the runtime wrapper tells the hook through its environment (it cannot parse YAML)
 RUNTIME_SEEN_ENV = "OCI_DEVICE_HOOK_RUNTIME"  # what the wrapper read as `runtime`
 CONTAINER_ID_ENV = "OCI_DEVICE_HOOK_CONTAINER_ID"  # the wrapper knows the id; hooks.d precreate does not

@@ -130,6 +130,22 @@ def driver_root_of(opts: dict[str, list[str]]) -> Path:
         return Path("/")
 
 
+def may_widen(config: bytes, source: str) -> bool:
+    """Whether the config a spec-level decision hands on holds an allow rule crun's systemd driver
+    could widen at all (before the manager, the runtime and the host's nodes are asked): computed
+    where the decision is made (in this process or the decider's: a function of the config alone),
+    so a start whose config holds none never loads this module. Any doubt: True."""
+    try:
+        final = json.loads(config)
+        linux = final.get("linux") if isinstance(final, dict) else None
+        resources = linux.get("resources") if isinstance(linux, dict) else None
+        items = resources.get("devices") if isinstance(resources, dict) else None
+        items = items if isinstance(items, list) else []
+        return bool(widened([parse_rule(r, source, f"{FIELD}[{i}]") for i, r in enumerate(items)]))
+    except (HookError, ValueError):
+        return True
+
+
 def guarded(decision: Spec, config: bytes, source: str, opts: dict[str, list[str]]) -> Spec:
     """``decision``, or its refusal when the config it hands on must not reach a crun with the
     systemd driver. Only a decision that was made (logged) is checked: a config that needs none

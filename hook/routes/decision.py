@@ -65,6 +65,7 @@ class Spec:
     before: str = ""
     after: str = ""
     runtime_log: str = ""  # a refusal's line for the engine (the runtime's --log)
+    may_widen: bool = False  # an allow rule crun's systemd driver may widen: the hook checks it
 
 
 def _plan_doc(plan: Plan) -> dict[str, Any]:
@@ -121,6 +122,7 @@ def to_wire(decision: Live | Spec) -> bytes:
     else:
         doc["out"] = None if decision.out is None else decision.out.decode("utf-8", "surrogateescape")
         doc["runtime_log"] = decision.runtime_log
+        doc["may_widen"] = decision.may_widen
     return json.dumps(doc, default=str, ensure_ascii=True).encode()
 
 
@@ -156,6 +158,7 @@ def from_wire(data: bytes) -> Live | Spec:
         out=None if out is None else _text(out).encode("utf-8", "surrogateescape"),
         record=doc["record"],
         runtime_log=_text(doc["runtime_log"]),
+        may_widen=doc["may_widen"] is True,
         **common,
     )
 

@@ -43,15 +43,17 @@ def _offer(
         return None
     got, body = client.ask(route, wire.fingerprint(opts, path), parts)
     if got == "answered" and isinstance(body, bytes):
-        from hook.routes.decision import from_wire
+        from hook.routes.decision import Live, from_wire
 
         try:
             decision = from_wire(body)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError):
             got, body = "fallback", "an answer this hook cannot read"
         else:
-            session.decider = "answered"
-            return decision
+            if isinstance(decision, Live) == (route == b"live"):
+                session.decider = "answered"
+                return decision
+            got, body = "fallback", "an answer for another route"
     if got:
         session.decider = "off" if body == "declined: decider: off in the settings" else got
         if session.decider != "off":
@@ -99,13 +101,15 @@ def live_level(stage: str, opts: dict[str, list[str]], look: Look) -> int:
 
 def spec_level(route: str, opts: dict[str, list[str]], config: bytes) -> tuple[int, bytes]:
     """A spec-level decision (the decider's, else this process's), logged: (exit status, config)."""
-    from hook.routes.act import act_spec
-    from hook.routes.crunguard import guarded
-    from hook.routes.precreate import SOURCE
+    from hook.routes.act import SPEC_SOURCE, act_spec
 
     decision, session = spec(route, opts, config)
     if decision is None:
         from hook.routes.precreate import decide_spec, facts_from_env
 
         decision = decide_spec(opts, config, facts_from_env())
-    return act_spec(guarded(decision, config, SOURCE, opts), config, session)
+    if decision.may_widen:  # the decision saw a rule crun's systemd driver may widen: check it here
+        from hook.routes.crunguard import guarded
+
+        decision = guarded(decision, config, SPEC_SOURCE, opts)
+    return act_spec(decision, config, session)

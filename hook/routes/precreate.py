@@ -26,7 +26,7 @@ from hook.core.oci import OciConfig, parse_config, parse_config_object
 from hook.core.plan import Plan, Verdict
 from hook.core.record import replace
 from hook.core.report import build_report
-from hook.routes.act import CONTAINER_ID_ENV, RUNTIME_SEEN_ENV, Session, act_spec
+from hook.routes.act import CONTAINER_ID_ENV, RUNTIME_SEEN_ENV, SPEC_SOURCE, Session, act_spec
 from hook.routes.decision import LogTo, Spec, normalized
 from hook.routes.gather import host_devices, inputs_for_config, resolved
 from hook.routes.live import decided_before, remember, salvaged
@@ -35,7 +35,7 @@ from hook.sources.settingsfile import DEFAULT_PATH, Settings, load_settings
 
 __all__ = ["SOURCE", "Facts", "decide_spec", "decided_config", "facts_from_env", "run_precreate"]
 
-SOURCE = "config.json (stdin)"
+SOURCE = SPEC_SOURCE
 
 
 class Facts:
@@ -80,7 +80,18 @@ def _container_id(config: OciConfig, facts: Facts) -> str:
 
 
 def decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec:
-    """The spec-level decision for the config in ``stdin`` (nothing is written here but caches)."""
+    """The spec-level decision for the config in ``stdin`` (nothing is written here but caches),
+    saying whether the config it hands on needs the crun guard (``hook.routes.crunguard``)."""
+    decision = _decide_spec(opts, stdin, facts)
+    if decision.code != 0 or decision.record is None:
+        return decision
+    from hook.routes.crunguard import may_widen
+
+    final = decision.out if decision.out is not None else stdin
+    return replace(decision, may_widen=may_widen(final, SOURCE))
+
+
+def _decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec:
     settings: Settings | None = None
     config: OciConfig | None = None
     container = before = ""
