@@ -157,8 +157,8 @@ def check_decider() -> Check:
     """Whether a warm decider (``hook serve``) answers on this node, and its account of itself.
 
     None at all is fine (every container is decided in-process, only slower); one that is
-    there but does not answer, is not root or is another version fails: each container then
-    pays a failed attempt before it is decided in-process."""
+    there but does not answer or prove the node key, or is another version, fails: each
+    container then pays a failed attempt before it is decided in-process."""
     from hook.core.version import VERSION
     from hook.routes import client
 
@@ -173,6 +173,8 @@ def check_decider() -> Check:
         f"answering: version {got.get('version')}, pid {got.get('pid')}, up {got.get('uptime_s')} s, "
         f"{got.get('requests')} request(s), {got.get('declined')} declined"
     )
+    if got.get("unauthenticated"):  # requests without the node key: something on this node tried
+        detail += f", {got.get('unauthenticated')} without the node key (a container reaching /run?)"
     if got.get("version") != VERSION:
         return Check("decider", False, f"{detail}; this hook is {VERSION}",
                      "systemctl restart oci-device-hook-decider")
