@@ -161,3 +161,34 @@ def test_the_bundled_hook_doctor_reads_its_own_bundle(built_deb: Path, tmp_path:
     assert line["ok"] and not line["warn"]
     assert f"bundled Python {bundle['python']}, {bundle['openssl']}, {bundle['glibc']}" in line["detail"]
     assert "packaging/release" in line["detail"]
+
+
+def test_the_release_step_tags_the_image_and_renders_the_manifests_with_the_version(
+    built_deb: Path, tmp_path: Path
+) -> None:
+    """packaging/release on a .deb of this tree: the image is built as IMAGE:<version> (podman here
+    is a stand-in that records its arguments), the manifests name it, BUNDLE.json comes along."""
+    calls = tmp_path / "podman.log"
+    podman = tmp_path / "podman"
+    podman.write_text(f'#!/bin/sh\necho "$*" >>{calls}\n')
+    podman.chmod(0o755)
+    env = {
+        "PATH": os.environ["PATH"],
+        "DEB": str(built_deb),
+        "PODMAN": str(podman),
+        "IMAGE": "reg.example/odh",
+    }
+    res = subprocess.run([str(PKG / "release"), str(tmp_path / "dist")], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    build = next(line for line in calls.read_text().splitlines() if line.startswith("build "))
+    assert f"-t reg.example/odh:{VERSION} " in build
+    stream = (tmp_path / f"dist/oci-device-hook-{VERSION}.yaml").read_text()
+    assert set(_images(stream)) == {f"reg.example/odh:{VERSION}"}
+    assert json.loads((tmp_path / "dist/BUNDLE.json").read_text())["python"]
+    # a .deb of another version is refused: the release never mixes versions
+    other = tmp_path / "other.deb"
+    other.write_bytes(b"")
+    res = subprocess.run([str(PKG / "release"), str(tmp_path / "d2")], env={**env, "DEB": str(other)},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode != 0 and not (tmp_path / f"d2/oci-device-hook-{VERSION}.yaml").exists()
