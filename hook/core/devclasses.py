@@ -4,18 +4,18 @@ Rule: a class is a character-device region the driver registers under a name in 
 (open-gpu-kernel-modules: ``nvidia`` and ``nvidiactl`` on 195 in ``nv.c``, ``nvidia-modeset`` on
 195:254, ``nvidia-uvm``, ``nvidia-caps``, ``nvidia-caps-imex-channels`` in ``nv-caps-imex.c``,
 ``nvidia-nvlink`` in ``nvlink_linux.h``, ``nvidia-nvswitch`` in ``export_nvswitch.h`` with
-``nvidia-nvswitchctl`` on minor 255; drivers before 550.40 name 195 ``nvidia-frontend``), so no
-major is assumed but 195's minors. A DRM node (``/dev/dri/card*``, ``renderD*``) is NVIDIA's when
-sysfs puts it on the PCI address of a GPU the driver lists under ``/proc/driver/nvidia/gpus``; it
-belongs to that GPU. Nothing here reads a file: ``hook.sources.nvidia.classes`` builds the values.
+``nvidia-nvswitchctl`` on minor 255; drivers before 550.40 name 195 ``nvidia-frontend``): no major
+is assumed, only the minors the driver fixes (``nvidiactl`` 255, ``nvidia-modeset`` 254). A DRM
+node (``/dev/dri/card*``, ``renderD*``) is NVIDIA's when sysfs puts it on the PCI address of a GPU
+the driver lists under ``/proc/driver/nvidia/gpus``; it belongs to that GPU. Nothing here reads a
+file: ``hook.sources.nvidia.classes`` builds the values.
 
 A narrowed container keeps the node-global control nodes (``nvidiactl``, ``nvidia-uvm(-tools)``
-and ``nvidia-modeset``, which no GPU owns), what its allocation grants,
-the DRM nodes of every GPU it was allocated whole (a GPU reached through a MIG instance gives none:
-its DRM node is the whole card's), and, in a management pod (granted the MIG ``config``/``monitor``
-caps by the ``mig_management`` policy), the NVLink, NVSwitch and fabric-management nodes. Every
-other node of a class is denied. A node of no class (another vendor's, a host device) is not
-decided here.
+and ``nvidia-modeset``, which no GPU owns), what its allocation grants, the DRM nodes of every GPU
+it was allocated whole (a GPU reached through a MIG instance gives none: its DRM node is the whole
+card's), and, in a management pod (granted the MIG ``config``/``monitor`` caps by the
+``mig_management`` policy), the NVLink, NVSwitch and fabric-management nodes. Every other node of
+a class is denied. A node of no class (another vendor's, a host device) is not decided here.
 """
 
 from __future__ import annotations
