@@ -60,6 +60,7 @@ class Bench:
     notes: list[str] = field(default_factory=list)
     hosts: dict[str, tuple[Path, Any]] = field(default_factory=dict)
     rounds: int = 25
+    rss_seconds: int = 300
     runc: str = RUNC
     nvidia: str | None = None
     results: dict[str, Result] = field(default_factory=dict)
@@ -604,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated step names to run (default: all)")
     parser.add_argument("--rounds", type=int, default=25,
                         help="round-robin rounds of the routes steps (default 25; the node-scale ones half)")
+    parser.add_argument("--rss-seconds", type=int, default=300,
+                        help="time cap of the decider-rss step's 1,000 decisions (default 300)")
     parser.add_argument("--nvidia-runtime", metavar="PATH",
                         help="nvidia-container-runtime binary: adds its row (CDI mode) beside the routes")
     args = parser.parse_args(argv)
@@ -633,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         b = Bench(tmp=tmp, reps=args.reps, interp=interp,
                   launcher=bundles.build_launcher(tmp / "libexec", interp),
                   rootfs=bundles.build_rootfs(tmp / "rootfs"), driver_root=driver_root, settings=settings,
-                  rounds=args.rounds, nvidia=nvidia)
+                  rounds=args.rounds, nvidia=nvidia, rss_seconds=args.rss_seconds)
 
         def v2() -> None:
             with cgroup2():
@@ -650,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
                  "linear": b.linear_checks, "alone": b.hook_alone_rows, "cdi": b.cdi_rows,
                  "rss": b.rss_measure, "nvml": b.nvml_checks,
                  "routes": lambda: routeset.run_step(b, "routes"), "routes-v2": routes_v2,
-                 "routes-scale": lambda: routeset.run_step(b, "routes-scale")}
+                 "routes-scale": lambda: routeset.run_step(b, "routes-scale"),
+                 "decider-rss": lambda: routeset.run_step(b, "decider-rss")}
         # slice, slice-v2, scale and wrapper-run are the routes steps' older, paired subsets: on request only
         default = [s for s in steps if s not in ("slice", "slice-v2", "scale", "wrapper-run")]
         asked = args.only.split(",") if args.only else default
