@@ -174,6 +174,10 @@ def test_the_textfile_is_never_written_through_a_symlink_nor_over_another_file(t
     code, _, err = metrics(tmp_path, "--textfile", str(other))
     assert code == 1 and "not written by hook metrics" in err
     assert other.read_text().startswith("# HELP node_thing")
+    giant = tmp_path / "giant.prom"  # a planted file that starts like ours
+    giant.write_bytes(b"# oci-device-hook metrics (hook metrics --textfile): x\n" + b"#" * (2 << 20))
+    code, _, err = metrics(tmp_path, "--textfile", str(giant))
+    assert code == 1 and "larger than" in err and giant.stat().st_size > 2 << 20
     fifo = tmp_path / "fifo.prom"
     os.mkfifo(fifo)
     code, _, err = metrics(tmp_path, "--textfile", str(fifo))  # never blocks on a FIFO

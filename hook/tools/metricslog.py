@@ -33,9 +33,11 @@ from hook.tools.metrics import Tally, parse, render, tally
 __all__ = ["FILENAME", "Position", "textfile_path", "collect", "cmd_metrics"]
 
 FILENAME = "oci-device-hook.prom"  # in a directory given as the textfile
-HEADER = "# oci-device-hook metrics (hook metrics --textfile): counters over the decision log\n"
+SIGNATURE = "# oci-device-hook metrics"  # how a textfile this command wrote begins (any version)
+HEADER = SIGNATURE + " (hook metrics --textfile): counters over the decision log\n"
 MARK = "# oci-device-hook position: "
 CHECK_BYTES = 256
+MAX_TEXTFILE = 1 << 20
 
 
 @record
@@ -94,10 +96,15 @@ def _previous(path: Path) -> tuple[Tally | None, Position | None]:
     if fd is None:
         return None, None
     try:
-        text = _read_all(fd).decode("utf-8", "replace")
+        data = os.read(fd, MAX_TEXTFILE + 1)  # ours is a few KiB: a planted giant is not read whole
     finally:
         os.close(fd)
-    if not text.startswith(HEADER):
+    if len(data) > MAX_TEXTFILE:
+        raise InputError(
+            str(path), "textfile", f"larger than {MAX_TEXTFILE} bytes: not written by hook metrics"
+        )
+    text = data.decode("utf-8", "replace")
+    if not text.startswith(SIGNATURE):
         raise InputError(str(path), "textfile", "not written by hook metrics: not replaced")
     position = None
     for line in text.splitlines():
