@@ -346,13 +346,17 @@ def test_imports_containerd_reads_differently_are_refused_with_one_line(tmp_path
     assert drop.read_text() == DROP_IN
 
 
-def test_doctor_on_a_host_where_containerd_is_installed_but_not_running(tmp_path: Path) -> None:
-    import socket
+def test_doctor_judges_the_config_the_running_containerd_uses_or_says_it_cannot_tell(tmp_path: Path) -> None:
+    """Issue 29 item 4: the config named by the running containerd's command line (or by its unit)
+    is the one judged; never a ✓ beside "not registered"."""
+    from hook.tools import checks, ctdedit, doctor, doctorhooks
 
-    from hook.tools import checks, doctor, doctorhooks
-
-    conf = tmp_path / "config.toml"
-    conf.write_text(NODE_CONFIG + f'[grpc]\n  address = "{tmp_path}/c.sock"\n')
+    host = tmp_path / "host"
+    etc = host / "etc/containerd"
+    etc.mkdir(parents=True)
+    (etc / "config.toml").write_text(NODE_CONFIG)  # the default: not registered
+    (host / "etc/k8s").mkdir()
+    (host / "etc/k8s/containerd.toml").write_text(NODE_CONFIG)
     hooks = tmp_path / "hooks.d"
     hooks.mkdir()
     libexec = tmp_path / "libexec"
@@ -360,25 +364,51 @@ def test_doctor_on_a_host_where_containerd_is_installed_but_not_running(tmp_path
     hook = libexec / "hook"
     hook.write_text("#!/bin/sh\n")
     hook.chmod(0o755)
-    doc = {
-        "version": "1.0.0",
-        "hook": {"path": checks.HOOK_PATH},
-        "when": {"always": True},
-        "stages": ["prestart"],
-    }
+    doc = {"version": "1.0.0", "hook": {"path": checks.HOOK_PATH}, "when": {"always": True},
+           "stages": ["prestart"]}  # fmt: skip
     (hooks / doctorhooks.HOOKS_FILE).write_text(json.dumps(doc))
+    proc = tmp_path / "proc"
 
-    def containerd_line() -> str:
+    def line(given: Path | None = None) -> str:
         report, _ = doctor.run_doctor(
-            tmp_path, [], [hooks], tmp_path / "none.yaml", "text", containerd_config=conf,
+            tmp_path, [], [hooks], tmp_path / "none.yaml", "text", containerd_config=given, host_root=host,
+            proc=proc,
         )  # fmt: skip
         return next(ln for ln in report.splitlines() if " containerd:" in ln)
 
-    assert containerd_line().startswith("✓ containerd: installed but not running")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening:
-        listening.bind(str(tmp_path / "c.sock"))
-        listening.listen(1)
-        assert containerd_line().startswith("✗ containerd:")  # running and not registered: fails
+    # nothing runs, no unit: which config containerd would run cannot be told; not a ✓
+    said = line()
+    assert said.startswith("! containerd: not running (cannot tell which config"), said
+    assert "not registered" in said
+    # its unit starts it with another config: that one is judged
+    unit = host / "lib/systemd/system"
+    unit.mkdir(parents=True)
+    (unit / "containerd.service").write_text("[Service]\nExecStart=/usr/bin/containerd\n")
+    (unit / "containerd.service.d").mkdir()
+    (unit / "containerd.service.d/10-k8s.conf").write_text(
+        "[Service]\nExecStart=\nExecStart=/usr/bin/containerd --config /etc/k8s/containerd.toml\n"
+    )
+    said = line()
+    assert said.startswith("! containerd: not running (its unit /lib/systemd/system/containerd.service"), said
+    assert "/etc/k8s/containerd.toml" in said
+    # running: its command line names the config, which is judged (and fails: ✗)
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242/cmdline").write_bytes(b"/usr/bin/containerd\0-c\0/etc/k8s/containerd.toml\0")
+    (proc / "4243").mkdir()
+    (proc / "4243/cmdline").write_bytes(b"/usr/bin/containerd\0--config\0/x.toml\0config\0dump\0")  # not it
+    said = line()
+    assert said.startswith("✗ containerd: ") and "containerd runs /etc/k8s/containerd.toml (pid 4242)" in said
+    # the operator names another file than the one that runs: still ✗, naming both
+    registered, _ = ctdedit.register_containerd(NODE_CONFIG, "x", {}, f"{checks.LIBEXEC}/runtime")
+    (etc / "config.toml").write_text(registered)
+    said = line(etc / "config.toml")
+    assert said.startswith("✗ containerd: containerd runs /etc/k8s/containerd.toml (pid 4242), not ")
+    assert "(registered)" in said
+    # the running one registered: ✓, saying it is the one that runs
+    (host / "etc/k8s/containerd.toml").write_text(registered)
+    said = line()
+    assert said.startswith("✓ containerd: ")
+    assert said.endswith("containerd runs /etc/k8s/containerd.toml (pid 4242)")
 
 
 K3S_RENDERED = textwrap.dedent(f"""\
@@ -398,26 +428,48 @@ K3S_RENDERED = textwrap.dedent(f"""\
 
 @pytest.mark.parametrize("distro", ["k3s", "rke2"])
 def test_k3s_shaped_node_registers_the_template_that_wins(tmp_path: Path, distro: str) -> None:
+    """Issue 29 item 2: k3s renders config.toml from its template on every start, so registration
+    goes into the template and never into the rendered file (the next start would undo it)."""
     from hook.tools import doctor
 
     root = tmp_path / "root"
     etc = root / f"var/lib/rancher/{distro}/agent/etc/containerd"
     etc.mkdir(parents=True)
-    (etc / "config.toml").write_text(K3S_RENDERED)
+    rendered, tmpl = etc / "config.toml", etc / "config.toml.tmpl"
+    rendered.write_text(K3S_RENDERED)
     _wrapper(root)
-    node = _root_node(root)
-    rec: dict[str, Any] = {}
-    assert ictd.register_handlers(node, rec)
-    tmpl = etc / "config.toml.tmpl"
-    for path in (tmpl, etc / "config.toml"):
-        rt = runtimes(tomllib.loads(path.read_text()))
-        assert rt["runc"]["options"] == {"BinaryName": "/opt/odh/runtime", "SystemdCgroup": True}, path
+    for given in ((), ("--containerd-config", f"/var/lib/rancher/{distro}/agent/etc/containerd/config.toml")):
+        node = _root_node(root, *given)  # found on the node, or named by the operator: the same
+        rec: dict[str, Any] = {}
+        assert ictd.register_handlers(node, rec)
+        assert rendered.read_text() == K3S_RENDERED  # what k3s renders again: never edited
+        rt = runtimes(tomllib.loads(tmpl.read_text()))
+        assert rt["runc"]["options"] == {"BinaryName": "/opt/odh/runtime", "SystemdCgroup": True}
+        assert [f["path"] for f in rec["containerd"]["files"]] == [f"/{tmpl.relative_to(root)}"]
+        assert "restart" in ictd.restart_hint(rec) and str(tmpl.relative_to(root)) in ictd.restart_hint(rec)
+        assert ictd.restore_handlers(node, rec["containerd"])
+        assert not tmpl.exists() and rendered.read_text() == K3S_RENDERED
+    assert ictd.register_handlers(_root_node(root), {})
+    shutil.copy(tmpl, rendered)  # k3s's next start: a template without actions renders as it is
     if CONTAINERD:
-        assert runtimes(dump(tmpl))["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
+        assert runtimes(dump(rendered))["runc"]["options"]["BinaryName"] == "/opt/odh/runtime"
     report, _ = doctor.run_doctor(root, [], [], root / "none.yaml", "text", host_root=root)
     assert f"{etc}/config.toml" in report  # doctor finds the config k3s's containerd runs
-    assert ictd.restore_handlers(node, rec["containerd"])
-    assert not tmpl.exists() and (etc / "config.toml").read_text() == K3S_RENDERED
+
+
+def test_a_file_k3s_generated_elsewhere_is_never_edited(tmp_path: Path) -> None:
+    """k3s with another --data-dir: its rendered file says so on its first line."""
+    root = tmp_path / "root"
+    etc = root / "srv/k3s/agent/etc/containerd"
+    etc.mkdir(parents=True)
+    (etc / "config.toml").write_text(K3S_RENDERED)
+    _wrapper(root)
+    node = _root_node(root, "--containerd-config", "/srv/k3s/agent/etc/containerd/config.toml")
+    rec: dict[str, Any] = {}
+    assert ictd.register_handlers(node, rec)
+    assert (etc / "config.toml").read_text() == K3S_RENDERED
+    assert "BinaryName" in (etc / "config.toml.tmpl").read_text()
+    assert "k3s or rke2" in ictd.restart_hint(rec)
 
 
 def test_k3s_v3_template_and_go_templates(tmp_path: Path) -> None:

@@ -411,13 +411,15 @@ def test_uninstall_leaves_a_pass_through_wherever_containerd_may_still_look(node
     original = GPU_OPERATOR_V2.replace("/usr/local/nvidia/toolkit/nvidia-container-runtime", str(nvidia))
     node.containerd.write_text(original)
     _ok(node.installer("install", tree, "--settings", str(node.settings(runtime=str(runc)))))
-    out = _ok(node.installer("uninstall", tree, "--purge"))
+    proc = _fake_proc(node.base, time.time() - 3600)  # containerd runs the config it had before
+    out = _ok(node.installer("uninstall", tree, "--purge", "--proc", str(proc)))
     assert node.containerd.read_text() == original
     wrapper, shim = node.libexec / "runtime", node.libexec / "handlers/nvidia"
     assert f"left pass-throughs to the real runtime at {shim}, {wrapper}:" in out
-    assert "(0 under /run/containerd now)" in out
+    assert "(0 under /run/containerd now)" in out  # no task, but containerd may start one: kept
     assert sorted(p.name for p in node.libexec.iterdir()) == ["handlers", "runtime"]
-    assert not node.etc.exists() and not node.state.exists()  # no settings, no record: nothing read
+    assert not node.etc.exists()  # no settings: nothing read
+    assert sorted(p.name for p in node.state.iterdir()) == ["pass-throughs"]  # no record; the leftovers
     for path, real in ((wrapper, runc), (shim, nvidia)):
         text = path.read_text()
         assert not path.is_symlink() and path.stat().st_mode & 0o777 == 0o755
@@ -433,6 +435,30 @@ def test_uninstall_leaves_a_pass_through_wherever_containerd_may_still_look(node
     _ok(node.installer("uninstall", tree))
     assert PASS_MARK in wrapper.read_text() and PASS_MARK in shim.read_text()
     assert node.containerd.read_text() == original
+    # issue 29 item 1: containerd restarted since; one task still runs the nvidia shim
+    proc = _fake_proc(node.base, time.time() + 5)
+    state = node.base / "ctd-state"
+    task = state / "io.containerd.runtime.v2.task/k8s.io/abc"
+    task.mkdir(parents=True)
+    (task / "options.json").write_text(json.dumps({"binary_name": str(shim), "root": "/run/runc"}))
+    purge = ("uninstall", tree, "--purge", "--proc", str(proc), "--containerd-state", str(state))
+    out = _ok(node.installer(*purge))
+    assert not wrapper.exists() and PASS_MARK in shim.read_text()  # only the one no task names goes
+    assert f"left pass-throughs to the real runtime at {shim}:" in out and f"(1 under {state} now)" in out
+    (task / "options.json").unlink()  # that task ended: the next purge takes the rest
+    _ok(node.installer(*purge))
+    assert not node.libexec.exists() and not node.state.exists()
+
+
+def _fake_proc(base: Path, started: float) -> Path:
+    """A procfs with one containerd process, started at ``started`` (epoch seconds)."""
+    proc = base / "proc"
+    (proc / "4242").mkdir(parents=True, exist_ok=True)
+    btime = int(started) - 10_000
+    (proc / "stat").write_text(f"cpu 1 2 3 4\nbtime {btime}\n")
+    fields = ["S", *["0"] * 18, str(int((started - btime) * 100)), *["0"] * 10]  # field 22: starttime
+    (proc / "4242/stat").write_text(f"4242 (containerd) {' '.join(fields)}\n")
+    return proc
 
 
 @needs_python

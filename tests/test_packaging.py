@@ -441,8 +441,8 @@ def test_deb_registers_containerd_with_the_installers_engine_step(deb: Path, tmp
     done = run("register")
     assert done.returncode == 0 and "registered containerd" in done.stderr, done.stderr
     options = tomllib.loads(cfg.read_text())["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
-    assert options["runc"]["options"] == {
-        "BinaryName": "/usr/libexec/oci-device-hook/runtime",
+    assert options["runc"]["options"] == {  # a shim outside the package's file list (issue 29 item 1)
+        "BinaryName": "/usr/libexec/oci-device-hook/handlers/runc",
         "SystemdCgroup": True,
     }
     if shutil.which("containerd"):
@@ -453,12 +453,16 @@ def test_deb_registers_containerd_with_the_installers_engine_step(deb: Path, tmp
         plugins = tomllib.loads(dump)["plugins"]  # containerd 2.x dumps version 3 (cri.v1.runtime)
         table = plugins.get("io.containerd.grpc.v1.cri") or plugins["io.containerd.cri.v1.runtime"]
         runc = table["containerd"]["runtimes"]["runc"]
-        assert runc["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/runtime"
+        assert runc["options"]["BinaryName"] == "/usr/libexec/oci-device-hook/handlers/runc"
     assert "installer unregister" in run("uninstall").stderr  # dpkg's files are not the installer's
     undone = run("unregister")
     assert undone.returncode == 0, undone.stderr
     assert cfg.read_text() == DEB_NODE_CONTAINERD
     assert not (root / "var/lib/oci-device-hook/install.json").exists()
+    left = (root / "usr/libexec/oci-device-hook/handlers/runc").read_text()  # for tasks started before
+    assert "# oci-device-hook pass-through" in left and left.splitlines()[-1] == "exec 'runc' \"$@\""
+    listed = (root / "var/lib/oci-device-hook/pass-throughs").read_text()
+    assert "pass /usr/libexec/oci-device-hook/handlers/runc" in listed
 
 
 def test_the_decider_unit_gets_only_what_deciding_needs() -> None:

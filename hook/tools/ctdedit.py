@@ -239,11 +239,12 @@ def unregister_containerd(
     text: str, source: str, edits: Sequence[ContainerdEdit], version: int | None = None
 ) -> str:
     """Undo ``edits`` in the current text, whatever else changed since: a BinaryName that still
-    names our wrapper gets its previous line back (or goes), and a table we added goes when empty."""
+    names our wrapper gets its previous line back (or goes), and a table we added goes when empty.
+    Last edit first: a handler registered twice (the wrapper, then a shim) goes back in two steps."""
     version, _ = handlers(text, source, version)
     prefix = runtimes_path(version)
     lines = text.splitlines(keepends=True)
-    for e in edits:
+    for e in reversed(edits):
         spans = _tables(lines)
         options_path = (*prefix, e.handler, "options")
         if options_path in spans:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hook.tools.checks import LIBEXEC, Check, render
 from hook.tools.doctorcrun import crun_line
-from hook.tools.doctorctd import check_base_spec, check_containerd, node_config
+from hook.tools.doctorctd import check_base_spec, check_node
 from hook.tools.doctorhooks import check_hooks, check_hooks_order
 from hook.tools.doctorpython import check_interpreter
 
@@ -217,19 +217,18 @@ def run_doctor(
     mounts_file: Path = Path("/proc/self/mounts"),
     containerd_config: Path | None = None,
     host_root: Path = Path("/"),
-    containerd_socket: str = "",
+    proc: Path | None = None,
 ) -> tuple[str, int]:
     """Run every check; return the report and the exit status (1 when any check failed).
 
     hooks.d (CRI-O, podman) and containerd are checked each; a node needs one of them, so the
-    one that is not registered fails only when the other is not registered either."""
-    config = containerd_config or node_config(host_root)
+    one that is not registered fails only when the other is not registered either. containerd is
+    judged on the config its running process (``proc``, the node's procfs) or its unit names."""
     prefix = installed_prefix(str(Path(__file__).parent.parent))  # the hook package: this is hook/tools/
-    containerd_check = check_containerd(config, prefix, stopped_ok=True, socket_path=containerd_socket)
-    engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs, prefix), containerd_check]
-    containerd = engines[2]
-    used = containerd.ok and not containerd.detail.endswith("absent: containerd not configured on this node")
-    if not engines[0].ok and used and not containerd.detail.startswith("installed but not running"):
+    containerd, config = check_node(host_root, proc or host_root / "proc", prefix, containerd_config)
+    engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs, prefix), containerd]
+    used = containerd.ok and not containerd.warn and config.exists()
+    if not engines[0].ok and used:
         engines[0] = Check(engines[0].name, True, f"not used: {engines[0].detail} (containerd is registered)")
     checks = [
         check_driver(driver_root),

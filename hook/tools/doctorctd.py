@@ -13,21 +13,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hook.tools import ctdprocess
 from hook.tools.checks import HOOK_PATH, LIBEXEC, Check
-
-CONTAINERD_CONFIG = Path("/etc/containerd/config.toml")
-
 
 CONTAINERD_BINARIES = ("/usr/bin/containerd", "/usr/local/bin/containerd", "/bin/containerd")
 
 
-CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
 
-K3S_SOCKET = "/run/k3s/containerd/containerd.sock"  # k3s and rke2 alike
 
 
-K3S_CONFIGS = tuple(f"/var/lib/rancher/{d}/agent/etc/containerd/config.toml" for d in ("k3s", "rke2"))
 
 
 def _host_reader() -> tuple[Any, Any]:
@@ -91,56 +86,30 @@ def _judge(config: Path, how: str, version: int, found: list[Any], libexec: str)
     )
 
 
-def _socket_listens(path: str) -> bool:
-    import socket
-    import stat
-
-    try:
-        if not stat.S_ISSOCK(os.stat(path).st_mode):
-            return False
-    except OSError:
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2)
-        try:
-            sock.connect(path)
-        except OSError:
-            return False
-    return True
-
-
 def check_containerd(
     config: Path,
     libexec: str = LIBEXEC,
     *,
     binary: str | None = "",
-    socket_path: str = "",
-    stopped_ok: bool = False,
 ) -> Check:
     """containerd: every runc-type runtime handler of the configuration containerd actually runs
     (its own ``config dump`` where the binary is there, else ``config`` and its imports under
     both merge rules, ``hook.tools.ctdconfig``) runs the runtime wrapper (spec-level mode).
-
-    With ``stopped_ok`` (the whole checklist), a containerd that is not running (nothing listens
-    on its socket) is reported, not failed: a podman host may have the package and its config
-    without running it."""
-    from hook.tools import ctdconfig, engines
+    ``check_node`` says whether this is the config containerd runs."""
+    from hook.tools import ctdconfig
 
     if not config.exists():
         return Check("containerd", True, f"{config} absent: containerd not configured on this node")
     binary = containerd_binary() if binary == "" else binary
-    address = ""
     try:
         read, listdir = _host_reader()
         files, version = ctdconfig.load(str(config), read, listdir)  # refuses what the installer would
-        address = str(engines.parse(files[0].text, str(config)).get("grpc", {}).get("address") or "")
         dumped: tuple[int, list[Any], str] | None = None
         if binary:
             with contextlib.suppress(LookupError):  # CRI disabled: judged from the files below
                 dumped = _dumped(binary, config)
         if dumped is not None:
-            version, found, dumped_address = dumped
-            address = dumped_address or address
+            version, found, _ = dumped
             check = _judge(config, "containerd config dump", version, found, libexec)
         else:
             check = Check("containerd", True, "")
@@ -152,13 +121,55 @@ def check_containerd(
                     break
     except Exception as exc:  # a doctor reports; it never crashes on what it inspects
         check = Check("containerd", False, str(exc), "fix the config, then run the installer")
-    k3s = any(str(config).endswith(k) for k in K3S_CONFIGS)  # k3s passes its socket on the command line
-    sock = socket_path or address or (K3S_SOCKET if k3s else CONTAINERD_SOCKET)
-    if stopped_ok and not check.ok and not _socket_listens(sock):
-        return Check(
-            "containerd", True, f"installed but not running (nothing listens on {sock}): {check.detail}"
-        )
     return check
+
+
+def check_node(host_root: Path, proc: Path, libexec: str, given: Path | None = None) -> tuple[Check, Path]:
+    """The checklist's containerd line, and the config it judged: the one the running containerd
+    was started with (its command line in ``proc``), else the one its unit would start it with,
+    else ``given`` or the default, saying that it cannot tell. Never ``✓`` beside a failure: a
+    config no running containerd uses is a ``!`` warning when it is not registered."""
+    daemons = ctdprocess.running(proc)
+    if daemons:
+        src = daemons[0]
+        config = host_root / src.config.lstrip("/")
+        runs = f"containerd runs {src.config} ({src.where})"
+        if not config.exists():
+            why = f"{runs}, which is absent: its built-in runc handler does not run the wrapper"
+            return Check("containerd", False, why, _FIX), config
+        check = check_containerd(config, libexec)
+        if given is not None and given.resolve() != config.resolve():
+            judged = check_containerd(given, libexec)
+            also = "registered" if judged.ok else "not registered either"
+            why = f"{runs}, not {given} ({also}): {check.detail}"
+            return Check("containerd", False, why, check.fix or _FIX), given
+        return Check("containerd", check.ok, f"{check.detail}; {runs}", check.fix), config
+    if given is not None:
+        return _not_running(check_containerd(given, libexec), f"no containerd process in {proc}"), given
+    unit = ctdprocess.from_unit(host_root)
+    if unit is not None:
+        config = host_root / unit.config.lstrip("/")
+        check = check_containerd(config, libexec)
+        if not config.exists():
+            check = Check("containerd", False, f"{config} absent: the built-in runc handler", _FIX)
+        return _not_running(check, f"its unit {unit.where} starts it with {unit.config}"), config
+    config = host_root / ctdprocess.likely_config(host_root).lstrip("/")
+    check = check_containerd(config, libexec)
+    if not config.exists():
+        return check, config  # no process, no unit, no config: not a containerd node
+    how = f"cannot tell which config it would run: no process, no unit; judged {config}"
+    return _not_running(check, how), config
+
+
+_FIX = "run the installer (packaging/kubernetes; a .deb: installer register) and restart containerd"
+
+
+def _not_running(check: Check, how: str) -> Check:
+    """A judged config no running containerd uses: ✓ when registered, else a ! warning (a podman
+    host may have containerd's package and config without running it)."""
+    if check.ok:
+        return Check("containerd", True, f"{check.detail}; containerd is not running ({how})")
+    return Check("containerd", True, f"not running ({how}): {check.detail}", check.fix, warn=True)
 
 
 def _base_spec_check(handler: str, field: str, spec_file: str, libexec: str) -> Check:
@@ -202,11 +213,3 @@ def check_base_spec(config: Path, libexec: str = LIBEXEC) -> list[Check]:
         for h in found
         if h.base_spec
     ]
-
-
-def node_config(host_root: Path) -> Path:
-    """/etc/containerd/config.toml, or on a k3s/rke2 node the config its containerd runs."""
-    for k3s in K3S_CONFIGS:
-        if (host_root / k3s.lstrip("/")).is_file():
-            return host_root / k3s.lstrip("/")
-    return CONTAINERD_CONFIG

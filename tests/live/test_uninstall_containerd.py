@@ -239,3 +239,34 @@ def test_tasks_started_through_the_wrapper_survive_uninstall_and_an_engine_resta
     daemon.run(d, rootfs)  # a new task with containerd's own runc
     daemon.kill_and_delete(d)
     assert not daemon.shims()  # every task ended and took its shim with it
+
+
+def test_the_wrapper_reads_the_settings_of_etc_without_the_engines_environment(world: dict[str, Any]) -> None:
+    """Issue 29 item 3: containerd runs the wrapper with its BinaryName only; the path of
+    ``--etc``'s settings is baked into the installed wrapper and into each handler shim."""
+    node: Node = world["node"]
+    daemon: Daemon = world["daemon"]
+    rootfs, ids, tmp = world["rootfs"], world["ids"], world["tmp"]
+    daemon.env = {k: v for k, v in daemon.env.items() if not k.startswith("OCI_DEVICE_HOOK")}
+    calls = tmp / "settings.calls"
+    marked = tmp / "settings-runc"  # the `runtime` only --etc's settings name
+    marked.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {RUNC} "$@"\n')
+    marked.chmod(0o755)
+    settings = node.settings(runtime=str(marked))
+    proc = node.installer("install", world["tree"], "--engine", "containerd", "--settings", str(settings))
+    assert proc.returncode == 0, proc.stderr
+    wrapper, shim = node.libexec / "runtime", node.libexec / "handlers/nvidia"
+    daemon.start()
+    a, b = (f"odh-{x}-{uuid.uuid4().hex[:8]}" for x in "ab")
+    ids += [a, b]
+    daemon.run(a, rootfs, "--runc-binary", str(wrapper))
+    daemon.run(b, rootfs, "--runc-binary", str(shim))
+    said = calls.read_text().splitlines()
+    assert any("create" in ln.split() for ln in said), said  # a, through --etc's settings
+    assert "create" in (tmp / "nvidia.calls").read_text()  # b: the handler's own runtime, as before
+    assert f"default_conf={node.etc}/config.yaml" in wrapper.read_text()
+    assert f"OCI_DEVICE_HOOK_CONFIG='{node.etc}/config.yaml'" in shim.read_text()
+    assert daemon.exec(a) == "hi\n" and daemon.exec(b) == "hi\n"
+    daemon.kill_and_delete(a)
+    daemon.kill_and_delete(b)
+    assert node.installer("uninstall", world["tree"]).returncode == 0

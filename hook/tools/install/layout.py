@@ -127,6 +127,21 @@ def tree_version(src: Path) -> str:
 _IMPORT_CHECK = "import hook.entry, hook.routes.fastpath, hook.routes.live, hook.sources.settingsfile"
 
 
+DEFAULT_CONF_LINE = "default_conf=/etc/oci-device-hook/config.yaml\n"  # packaging/runtime's
+
+
+def wrapper_text(node: Node, text: str) -> str:
+    """The runtime wrapper with ``--etc`` baked in: containerd runs it with its ``BinaryName`` only,
+    so the settings path cannot come from an argument, and an environment variable would have to
+    be set in containerd's own unit."""
+    etc = node.opts.etc
+    if etc == DEFAULTS["etc"]:
+        return text
+    if text.count(DEFAULT_CONF_LINE) != 1:
+        raise InstallError("runtime", "default_conf", "the wrapper in this tree has no settings line to set")
+    return text.replace(DEFAULT_CONF_LINE, f"default_conf={etc}/config.yaml  # installer --etc\n")
+
+
 def stage_version(node: Node, src: Path, version: str) -> None:
     """Copy the tree's libexec into ``versions/<version>`` (with its bundled interpreter, unless the
     node's was asked for), write its launcher, byte-compile the hook with the interpreter it will
@@ -147,6 +162,8 @@ def stage_version(node: Node, src: Path, version: str) -> None:
     final = f"{libexec}/versions/{version}"
     try:
         atomic_write(tmp / "hook", _launcher(node, tmp, final).encode(), 0o755)
+        if (tmp / "runtime").is_file():
+            atomic_write(tmp / "runtime", wrapper_text(node, (tmp / "runtime").read_text()).encode(), 0o755)
         python = interpreter(node, node_tmp)
     except (OSError, InstallError):
         shutil.rmtree(tmp, ignore_errors=True)

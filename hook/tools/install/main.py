@@ -24,7 +24,9 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from hook.core.errors import HookError, InputError
 from hook.tools import engines
@@ -33,6 +35,7 @@ from hook.tools.install.containerd import (
     engine_unit,
     register_handlers,
     restart_engine,
+    restart_hint,
     restore_handlers,
 )
 from hook.tools.install.hooksd import hooks_files, is_ours, register_hooks_d
@@ -47,9 +50,27 @@ from hook.tools.install.layout import (
     tree_version,
 )
 from hook.tools.install.node import DEFAULTS, PKG, PLAIN_PATH, InstallError, Node, say
-from hook.tools.install.state import RECORD, leave_pass_throughs, read_record, tasks_naming, write_record
+from hook.tools.install.state import (
+    RECORD,
+    leave_pass_throughs,
+    named_by_tasks,
+    purge_pass_throughs,
+    read_list,
+    read_record,
+    task_dirs,
+    write_list,
+    write_record,
+)
 
 DPKG_LIST = "/var/lib/dpkg/info/oci-device-hook.list"
+
+
+def _plain_paths(opts: argparse.Namespace) -> None:
+    """The paths a launcher, the wrapper or a shim names unquoted or bakes in: plain and absolute."""
+    python = opts.python or "/usr/bin/python3"
+    for option, value in (("--prefix", opts.libexec), ("--python", python), ("--etc", opts.etc)):
+        if not PLAIN_PATH.fullmatch(value):
+            raise InstallError(option, value, "expected a plain absolute path")
 
 
 def install(node: Node) -> int:
@@ -59,9 +80,7 @@ def install(node: Node) -> int:
     if dpkg_owned and node.path(DPKG_LIST).exists():
         why = "installed by dpkg on this node: `installer register` registers its engines"
         raise InstallError("dpkg", PKG, why)
-    for option, value in (("--prefix", opts.libexec), ("--python", opts.python or "/usr/bin/python3")):
-        if not PLAIN_PATH.fullmatch(value):
-            raise InstallError(option, value, "expected a plain absolute path")  # a launcher names it
+    _plain_paths(opts)
     check_paths(node)
     python_version = check_python(node) if opts.python else f"{bundled_version(src)} (bundled)"
     version = tree_version(src)
@@ -77,7 +96,7 @@ def install(node: Node) -> int:
     stage_version(node, src, version)
     settings_changed = place_settings(node, version, Path(opts.settings) if opts.settings else None, src)
     switch(node, version)
-    rec.update(version=version, python=python_version, libexec=opts.libexec, mode=opts.mode)
+    rec.update(version=version, python=python_version, libexec=opts.libexec, mode=opts.mode, etc=opts.etc)
     history = [v for v in rec.get("history", []) if v != version] + [version]
     rec["history"] = history[-10:]
     rec["hooks_files"] = register_hooks_d(node, src, rec)
@@ -92,7 +111,7 @@ def install(node: Node) -> int:
         restart_engine(node, engine_unit(node, rec))
     where = f"hooks.d ({', '.join(rec['hooks_files'])})" + (", containerd" if "containerd" in rec else "")
     note = f"; {settings_changed}" if settings_changed else ""
-    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    restart = f" ({restart_hint(rec)})" if changed and not opts.restart_engine else ""
     say(f"installed {version} for Python {python_version}; registered with {where}{restart}{note}")
     return 0
 
@@ -100,7 +119,8 @@ def install(node: Node) -> int:
 def register(node: Node) -> int:
     """The engine step alone, for a hook installed by other means (the .deb ships the hooks.d
     file and the wrapper): containerd's handlers, recorded like an install's so ``unregister``
-    (the .deb's prerm on remove) undoes exactly that."""
+    (the .deb's prerm on remove) undoes exactly that. Each handler runs a shim under
+    ``<prefix>/handlers/``, outside the package's file list: removing the package leaves them."""
     opts = node.opts
     if opts.engine == "hooks.d" or not containerd_wanted(node):
         say("no containerd on this node: nothing to register (hooks.d engines read the packaged file)")
@@ -110,13 +130,19 @@ def register(node: Node) -> int:
         raise InstallError(
             opts.state_dir, RECORD, "installed by the installer: `installer install` registers"
         )
-    rec.update(libexec=opts.libexec, registered_only=True)
-    changed = register_handlers(node, rec)
+    previous = rec.get("containerd") or {}
+    if opts.containerd_config == DEFAULTS["containerd_config"] and previous.get("config"):
+        opts.containerd_config = previous["config"]  # registering again (the .deb's postinst) keeps it
+    if opts.etc == DEFAULTS["etc"] and rec.get("etc"):
+        opts.etc = rec["etc"]
+    _plain_paths(opts)
+    rec.update(libexec=opts.libexec, registered_only=True, etc=opts.etc)
+    changed = register_handlers(node, rec, shim_all=True)
     write_record(node, rec)
     if changed and opts.restart_engine:
         restart_engine(node, engine_unit(node, rec))
     files = ", ".join(f["path"] for f in rec["containerd"]["files"])
-    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    restart = f" ({restart_hint(rec)})" if changed and not opts.restart_engine else ""
     say(
         f"registered containerd ({files}){restart}" if changed else f"containerd already registered ({files})"
     )
@@ -124,26 +150,43 @@ def register(node: Node) -> int:
 
 
 def unregister(node: Node) -> int:
-    """Undo ``register``: containerd's handlers back as they were, the shims and the record gone."""
+    """Undo ``register``: containerd's handlers back as they were, the record gone, and each shim a
+    pass-through (containerd's shims of running tasks still run it; the package's removal, which
+    calls this, does not delete them). A purge deletes the ones no task names any more."""
     opts = node.opts
     rec = read_record(node)
     state = rec.get("containerd")
     if not state or not rec.get("registered_only"):
         say("nothing registered by `installer register` on this node")
         return 0
+    opts.etc = rec.get("etc") or opts.etc
     changed = restore_handlers(node, state)
+    libexec = rec.get("libexec") or opts.libexec
+    left = leave_pass_throughs(node, rec, libexec, packaged=True)
     for shim in state.get("shims", []):
-        node.path(shim, follow=False).unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        node.path(f"{rec.get('libexec') or opts.libexec}/handlers").rmdir()
+        if shim not in left:
+            node.path(shim, follow=False).unlink(missing_ok=True)
     node.path(f"{opts.state_dir}/{RECORD}", follow=False).unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        node.path(opts.state_dir).rmdir()
     if changed and opts.restart_engine:
         restart_engine(node, engine_unit(node, rec))
-    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    left, dirs = _leftovers(node, rec, left, changed)
+    for d in (node.path(f"{libexec}/handlers"), node.path(opts.state_dir)):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    restart = f" ({restart_hint(rec)})" if changed and not opts.restart_engine else ""
     say(f"unregistered containerd{restart}")
+    _say_left(node, left, dirs)
     return 0
+
+
+def _say_left(node: Node, left: list[str], dirs: list[str]) -> None:
+    if left:
+        tasks = sum(named_by_tasks(node, left, dirs).values())
+        say(
+            f"left pass-throughs to the real runtime at {', '.join(left)}: containerd shims of containers "
+            "created through the wrapper still run them; a purge deletes each once containerd runs its "
+            f"restored config and no task names it ({tasks} under {node.opts.containerd_state} now)"
+        )
 
 
 def apply_settings(node: Node) -> int:
@@ -169,6 +212,7 @@ def uninstall(node: Node) -> int:
              f"no {opts.libexec})")
         return 0
     libexec = rec.get("libexec") or opts.libexec  # the install's own prefix: no --prefix to undo it
+    opts.etc = rec.get("etc") or opts.etc  # and its own settings (the wrapper's `runtime`, --purge)
     for path in {*hooks_files(rec), f"{opts.hooks_dir}/{engines.HOOKS_NAME}"}:
         target = node.path(path, follow=False)
         if target.exists() and is_ours(target, libexec):
@@ -195,23 +239,33 @@ def uninstall(node: Node) -> int:
         if name != "handlers" or not any(x.startswith(f"{libexec}/handlers/") for x in left):
             shutil.rmtree(base / name, ignore_errors=True)
     (node.path(opts.state_dir) / RECORD).unlink(missing_ok=True)
-    for d in (base, node.path(opts.state_dir)):
-        with contextlib.suppress(OSError):
-            d.rmdir()  # only when empty: whatever else is there is not ours
-    if opts.purge:
-        shutil.rmtree(node.path(opts.etc), ignore_errors=True)
     if changed and opts.restart_engine:
         restart_engine(node, engine_unit(node, rec))
-    restart = " (restart containerd to take effect)" if changed and not opts.restart_engine else ""
+    if opts.purge:
+        shutil.rmtree(node.path(opts.etc), ignore_errors=True)
+    left, dirs = _leftovers(node, rec, left, changed)
+    for d in (base / "handlers", base, node.path(opts.state_dir)):
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only when empty: whatever else is there is not ours
+    restart = f" ({restart_hint(rec)})" if changed and not opts.restart_engine else ""
     say(f"removed{' ' + rec['version'] if rec.get('version') else ''}{restart}")
-    if left:
-        tasks = tasks_naming(node, left)
-        say(
-            f"left pass-throughs to the real runtime at {', '.join(left)}: containerd shims of containers "
-            "created through the wrapper still run them; delete them once containerd runs its restored "
-            f"config and no task started before now is left ({tasks} under {opts.containerd_state} now)"
-        )
+    _say_left(node, left, dirs)
     return 0
+
+
+def _leftovers(
+    node: Node, rec: dict[str, Any], left: list[str], changed: bool
+) -> tuple[list[str], list[str]]:
+    """The pass-throughs left now and by earlier uninstalls, less what ``--purge`` deleted (those no
+    task names, once containerd runs its restored config), recorded for a later purge."""
+    earlier, when = read_list(node)
+    since = time.time() if changed or when is None else when
+    paths = sorted({*left, *earlier})
+    dirs = task_dirs(node, rec)
+    if node.opts.purge:
+        paths = purge_pass_throughs(node, paths, dirs, since)
+    write_list(node, paths, dirs, since)
+    return paths, dirs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -233,7 +287,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", default="", help="settings file to apply when it differs (a ConfigMap)")
     p.add_argument("--restart-engine", action="store_true", help="restart containerd when its config changed")
     p.add_argument("--keep", type=int, default=3, help="versions kept for rollback")
-    p.add_argument("--purge", action="store_true", help="uninstall: also remove the settings directory")
+    p.add_argument("--purge", action="store_true", help="uninstall: also remove the settings directory; "
+                   "both: each pass-through no task names, once containerd runs its restored config")
+    p.add_argument("--proc", default="/proc", help="the node's procfs (which containerd runs, since when)")
     return p
 
 
