@@ -420,7 +420,8 @@ def report(b: Bench, started: str, loads: tuple[str, str], elapsed: float, busy:
     info.append(f"- load average (1/5/15 min) at start / end: {loads[0]} / {loads[1]} (2 cores shared with "
                 "other work that is not stopped; pairing keeps each ratio fair, absolute times drift)")
     info.append(f"- date: {started}; {b.reps} paired repetitions per row (+2 warm-up; the scaling rows "
-                f"half as many, the parallel row a quarter); run took {elapsed:.0f} s")
+                f"half as many, the parallel row a quarter); the routes: {b.rounds} rounds (+2 warm-up; "
+                f"the big nodes {max(5, b.rounds // 2)}); run took {elapsed:.0f} s")
     floor = next((r for r in b.rows if r.label.startswith("(1f)")), None)
     nodev = next((r for r in b.rows if r.label.startswith("(1) ")), None)
     if floor is not None and nodev is not None and nodev.target and floor.pair.ratio > nodev.target:
