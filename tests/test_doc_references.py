@@ -43,3 +43,28 @@ def test_nothing_cites_files_outside_the_repository() -> None:
         for m in re.finditer(r"(shared/docs/|research/)[\w./-]*", p.read_text())
     ]
     assert not cited
+
+
+def test_operators_guide_opens_with_a_containerd_node_in_five_commands() -> None:
+    """Issue 29 item 8: the containerd happy path first, in five commands that exist."""
+    text = (REPO / "docs/operators.md").read_text()
+    first = text.split("\n## ", 2)[1]
+    assert first.startswith("A containerd node in five commands\n")
+    block = first.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [ln.split("#", 1)[0].strip() for ln in block.splitlines() if ln.split("#", 1)[0].strip()]
+    assert len(commands) == 5
+    assert commands[0].startswith("packaging/build-deb") and (REPO / "packaging/build-deb").is_file()
+    assert "installer register" in commands[2] and commands[4].endswith("hook doctor")
+
+
+def test_operators_guide_tells_one_uninstall_story() -> None:
+    """Issue 29 item 8: the .deb and the installer are removed, and purged, by one procedure."""
+    text = (REPO / "docs/operators.md").read_text()
+    sections = re.split(r"\n## ", text)
+    uninstall = [s for s in sections if "Uninstall" in s.splitlines()[0]]
+    assert len(uninstall) == 1, [s.splitlines()[0] for s in uninstall]
+    story = uninstall[0]
+    steps = ("dpkg -r", "installer uninstall", "dpkg -P", "--purge", "pass-through", "Restart containerd")
+    assert [step for step in steps if step not in story] == []
+    lifecycle = next(s for s in sections if s.startswith("7. "))
+    assert "pass-through" not in lifecycle and "section 5" in lifecycle
