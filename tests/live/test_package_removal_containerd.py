@@ -198,3 +198,37 @@ def _fake_proc(proc: Path, started: float) -> None:
     (proc / "stat").write_text(f"cpu 1 2 3 4\nbtime {btime}\n")
     fields = ["S", *["0"] * 18, str(int((started - btime) * 100)), *["0"] * 10]  # field 22: starttime
     (proc / "4242/stat").write_text(f"4242 (containerd) {' '.join(fields)}\n")
+
+
+def test_an_upgrade_moves_an_earlier_registration_onto_shims(built_deb: Path, tmp_path: Path) -> None:
+    """A node an earlier package registered names the packaged wrapper itself, which a removal would
+    delete under running tasks: the postinst of the next package registers again, onto the shims."""
+    from hook.tools.install import containerd as ictd
+    from hook.tools.install import main as imain
+    from hook.tools.install import node as inode
+    from hook.tools.install import state
+
+    root = build_node_root(tmp_path / "node")
+    assert _dpkg(root, "-i", str(built_deb)).returncode == 0
+    config = root / "etc/containerd/config.toml"
+    config.parent.mkdir(parents=True)
+    original = f'version = 2\n[{CRI}.runtimes.runc]\n  runtime_type = "io.containerd.runc.v2"\n'
+    config.write_text(original)
+    node = inode.Node(str(root), imain._parser().parse_args(["register", "--root", str(root)]))
+    rec: dict[str, Any] = {"libexec": LIBEXEC, "registered_only": True}
+    assert ictd.register_handlers(node, rec)  # what the earlier package's register did
+    state.write_record(node, rec)
+
+    def binary() -> str:
+        doc = tomllib.loads(config.read_text())["plugins"]["io.containerd.grpc.v1.cri"]
+        return str(doc["containerd"]["runtimes"]["runc"]["options"]["BinaryName"])
+
+    assert binary() == f"{LIBEXEC}/runtime"
+    proc = _dpkg(root, "-i", str(built_deb))  # the upgrade (here: the same version again)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert binary() == f"{LIBEXEC}/handlers/runc"
+    assert os.access(root / f"{LIBEXEC}/handlers/runc".lstrip("/"), os.X_OK)
+    proc = _dpkg(root, "-r", PKG)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert config.read_text() == original  # both registrations undone, last first
+    assert PASS_MARK in (root / f"{LIBEXEC}/handlers/runc".lstrip("/")).read_text()
