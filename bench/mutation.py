@@ -139,10 +139,13 @@ class Runner:
 
 
 def collect_coverage(
-    box: Sandbox, marks: Sequence[str]
+    box: Sandbox, marks: Sequence[str], drop_failing: bool = False
 ) -> tuple[dict[str, dict[int, list[str]]], dict[str, float]]:
     """One measured run of the whole suite; tests that fail only because they are measured
-    (import budgets see ``coverage`` loaded) must pass when re-run unmeasured."""
+    (import budgets see ``coverage`` loaded) must pass when re-run unmeasured. Those that fail
+    unmeasured too fail on the unmutated copy: the run stops, or with ``drop_failing`` they are
+    left out of every mutant's tests (a test that always fails would count as every kill) and
+    listed in ``<workdir>/excluded.json`` for the report."""
     ctl = box.root / "cov"
     ctl.mkdir(exist_ok=True)
     mutcov.install(box.site_packages(), ctl, box.tree / "hook")
@@ -152,7 +155,7 @@ def collect_coverage(
     finally:
         mutcov.uninstall(box.site_packages(), ctl)
     info = json.loads((ctl / "durations.json").read_text())
-    cover = mutcov.combine(ctl, box.tree)
+    cover = _combine_in_copy(box, ctl)
     failed = sorted(set(info["failed"]))
     print(
         f"bench/mutate: coverage run {out.seconds / 60:.1f} min, {len(info['durations'])} tests, "
@@ -163,9 +166,29 @@ def collect_coverage(
         sel = box.root / "select.json"
         sel.write_text(json.dumps(failed))
         again = box.pytest(["-p", "bench.mutselect", *marks], 3600, {**box.env(), "ODH_MUTSELECT": str(sel)})
-        if again.rc != 0:
+        if again.rc != 0 and not drop_failing:
             raise SystemExit(f"bench/mutate: tests fail on the unmutated copy:\n{again.tail}")
+        if again.rc != 0:
+            bad = set(again.failed)
+            (box.root / "excluded.json").write_text(json.dumps(sorted(bad)))
+            print(f"bench/mutate: {len(bad)} tests fail on the unmutated copy, left out", flush=True)
+            for lines in cover.values():
+                for n, ids in lines.items():
+                    lines[n] = [t for t in ids if t not in bad]
+            info["durations"] = {t: d for t, d in info["durations"].items() if t not in bad}
     return cover, info["durations"]
+
+
+def _combine_in_copy(box: Sandbox, ctl: Path) -> dict[str, dict[int, list[str]]]:
+    """``mutcov.combine`` run by the copy's venv, which has ``coverage`` (the one running
+    bench/mutate need not)."""
+    out = box.root / "cover.json"
+    code = (
+        "import json, sys; from pathlib import Path; from bench import mutcov; "
+        "Path(sys.argv[3]).write_text(json.dumps(mutcov.combine(Path(sys.argv[1]), Path(sys.argv[2]))))"
+    )
+    subprocess.run([str(box.python), "-c", code, str(ctl), str(box.tree), str(out)], cwd=box.tree, check=True)
+    return {m: {int(k): v for k, v in ls.items()} for m, ls in json.loads(out.read_text()).items()}
 
 
 def interleave(mutants: Sequence[Mutant]) -> list[Mutant]:
@@ -334,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="whole suite for every mutant (no coverage subsets)")
     ap.add_argument("--no-confirm", action="store_true", help="do not re-run survivors on the whole suite")
     ap.add_argument(
+        "--drop-failing", action="store_true", help="leave out tests that fail on the unmutated copy (listed)"
+    )
+    ap.add_argument(
         "--with-deb", action="store_true", help="include the test that installs the .deb on the host"
     )
     ap.add_argument("--tests", nargs="*", default=[], help="limit the suite to these paths (smoke runs)")
@@ -398,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runner.cover = {m: {int(k): v for k, v in ls.items()} for m, ls in data["cover"].items()}
             runner.durations = data["durations"]
         else:
-            runner.cover, runner.durations = collect_coverage(box, marks)
+            runner.cover, runner.durations = collect_coverage(box, marks, args.drop_failing)
             cache.write_text(json.dumps({"cover": runner.cover, "durations": runner.durations}))
         runner.full_seconds = sum(runner.durations.values())
     print(f"bench/mutate: whole suite ~{runner.full_seconds / 60:.1f} min unmeasured", flush=True)

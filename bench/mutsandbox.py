@@ -45,6 +45,7 @@ class Outcome:
     seconds: float
     killer: str  # the first failing test id, "" if none
     tail: str  # the end of pytest's output
+    failed: tuple[str, ...] = ()  # every failing test id of the short summary (``-rfE``)
 
 
 class Sandbox:
@@ -109,15 +110,13 @@ class Sandbox:
             _stop(proc)
             raise
         text = out.decode(errors="replace")
-        killer = next(
-            (
-                line.split(" ", 1)[1].split(" - ", 1)[0]
-                for line in text.splitlines()
-                if line.startswith(("FAILED ", "ERROR ")) and " " in line
-            ),
-            "",
+        failed = tuple(
+            line.split(" ", 1)[1].split(" - ", 1)[0]
+            for line in text.splitlines()
+            if line.startswith(("FAILED ", "ERROR ")) and " " in line
         )
-        return Outcome(rc, time.monotonic() - start, killer, text[-3000:])
+        killer = failed[0] if failed else ""
+        return Outcome(rc, time.monotonic() - start, killer, text[-3000:], failed)
 
     def mutate(self, m: Mutant, stamp: int) -> tuple[str, int, int] | None:
         """Write the mutant; returns (original text, line, original mtime) for ``restore``."""
