@@ -63,8 +63,11 @@ class Result:
 
 
 class Runner:
-    def __init__(self, box: Sandbox, marks: Sequence[str], full_seconds: float) -> None:
+    def __init__(
+        self, box: Sandbox, marks: Sequence[str], full_seconds: float, module_subset: bool = False
+    ) -> None:
         self.box = box
+        self.module_subset = module_subset
         self.marks = list(marks)
         self.full_seconds = full_seconds
         self.cover: dict[str, dict[int, list[str]]] = {}
@@ -86,6 +89,9 @@ class Runner:
         first = self._cheapest(ids)
         if not whole:
             return first, "subset"
+        if self.module_subset:  # every test that ran any line of the module (time-boxed runs)
+            reach = {t for line_ids in lines.values() for t in line_ids if t} & set(self.durations)
+            return self._cheapest(reach), "module"
         return first + self._cheapest(set(self.durations) - ids), "full"
 
     def _cheapest(self, ids: set[str]) -> list[str]:
@@ -261,6 +267,8 @@ def report(results: Sequence[Result], header: Sequence[str], claims: Claims) -> 
         claim = claims.get((m.module, m.occurrence, m.line, m.new))
         note = f" — claimed equivalent: {claim}" if claim else ""
         unconfirmed = "" if "full" in r.how else " (subset only, not re-run on the whole suite)"
+        if r.how == "module":
+            unconfirmed = " (a module-level line: run against the tests reaching its module, not the suite)"
         if r.status == "flaky":
             unconfirmed = f" (its subset failed at `{r.killer}`, which passed alone on the mutant: no kill)"
         lines.append(
@@ -357,6 +365,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="whole suite for every mutant (no coverage subsets)")
     ap.add_argument("--no-confirm", action="store_true", help="do not re-run survivors on the whole suite")
     ap.add_argument(
+        "--module-subset",
+        action="store_true",
+        help="a module-level line runs the tests reaching its module, not the whole suite (time-boxed runs)",
+    )
+    ap.add_argument("--resume", action="store_true", help="skip the mutants --log already has a result for")
+    ap.add_argument(
         "--drop-failing", action="store_true", help="leave out tests that fail on the unmutated copy (listed)"
     )
     ap.add_argument(
@@ -412,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = args.log or work / "results.tsv"
     full_mode = args.full or args.claims
     cache = work / "coverage.json"
-    runner = Runner(box, marks, 0.0)
+    runner = Runner(box, marks, 0.0, args.module_subset)
     if full_mode:
         base = box.pytest(marks, 4 * 3600)
         if base.rc != 0:
@@ -436,6 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("bench/mutate: the canary survived: the tests do not run the copy's install")
 
     results: list[Result] = [canary]
+    if args.resume and log.exists():
+        done = {r.mutant.ident: r for r in read_log(log) if r.mutant.origin != "canary"}
+        results += [done[m.ident] for m in mutants if m.ident in done]
+        mutants = [m for m in mutants if m.ident not in done]
     claims = read_claims()
     deadline = started + args.minutes * 60 if args.minutes else None
     skipped = 0
