@@ -571,3 +571,25 @@ def test_restart_on_k3s_restarts_the_agent_that_embeds_containerd(
     assert ictd.register_handlers(node, rec)
     ictd.restart_engine(node, ictd.engine_unit(node, rec))
     assert calls[-1] == ["systemctl", "restart", "k3s-agent"]
+
+
+def test_a_purge_looks_for_tasks_where_the_config_keeps_containerds_state(tmp_path: Path) -> None:
+    """Issue 29 item 1: a task's runtime binary is in <state>/io.containerd.runtime.v2.task, and a
+    node's config may move ``state`` (registration never touches that key)."""
+    from hook.tools.install import state
+
+    node = _local_node(tmp_path)
+    conf = tmp_path / "etc/containerd/config.toml"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f'version = 2\nstate = "{tmp_path}/ctd-state"\n' + NODE_CONFIG.split("\n", 1)[1])
+    rec: dict[str, Any] = {}
+    assert ictd.register_handlers(node, rec)
+    dirs = state.task_dirs(node, rec)
+    tasks = "io.containerd.runtime.v2.task"
+    assert dirs == [f"/run/containerd/{tasks}", f"{tmp_path}/ctd-state/{tasks}"]
+    task = tmp_path / "ctd-state/io.containerd.runtime.v2.task/k8s.io/t1"
+    task.mkdir(parents=True)
+    (task / "options.json").write_text(json.dumps({"binary_name": f"{tmp_path}/libexec/runtime"}))
+    wrapper = f"{tmp_path}/libexec/runtime"
+    assert state.named_by_tasks(node, [wrapper], dirs) == {wrapper: 1}
+    assert ictd.restore_handlers(node, rec["containerd"])

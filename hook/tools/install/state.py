@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -134,11 +135,19 @@ def leave_pass_throughs(
 
 def task_dirs(node: Node, rec: dict[str, Any]) -> list[str]:
     """Where containerd's runc shims keep each task's ``options.json`` (its runtime binary):
-    ``--containerd-state``, and k3s's and rke2's state where one of theirs was registered."""
+    ``--containerd-state``, the registered config's own ``state``, and k3s's and rke2's state
+    where one of theirs was registered."""
     dirs = [f"{node.opts.containerd_state.rstrip('/')}/{TASKS}"]
-    files = [str(f.get("path", "")) for f in (rec.get("containerd") or {}).get("files", [])]
+    state = rec.get("containerd") or {}
+    files = [str(f.get("path", "")) for f in state.get("files", [])]
     if any(p.startswith("/var/lib/rancher/") for p in files):
         dirs.append(f"/run/k3s/containerd/{TASKS}")
+    try:  # the root config's own `state` (ours are only BinaryName lines: it outlives the restore)
+        own = tomllib.loads(node.path(str(state.get("config") or "/nonexistent")).read_text()).get("state")
+    except (OSError, UnicodeDecodeError, ValueError, InstallError):
+        own = None
+    if isinstance(own, str) and own.startswith("/"):
+        dirs.append(f"{own.rstrip('/')}/{TASKS}")
     return [d for d in dict.fromkeys(dirs) if PLAIN.fullmatch(d)]
 
 
