@@ -27,8 +27,13 @@ def test_alloc_resp_decoded() -> None:
 
 
 def test_unknown_protobuf_fields_skipped() -> None:
-    # field 2 (mounts, length-delimited), a varint field 9 and a fixed64 field 10 around a CDI device
-    extra = b"\x12\x03abc" + b"\x48\x96\x01" + b"\x51" + b"\x00" * 8
+    """A newer kubelet's fields are skipped by their wire type, and the fields after them still read.
+
+    Field 2 (mounts, length-delimited), a varint field 9, a fixed64 field 10 and a fixed32 field 11
+    before a CDI device. The fixed fields' bytes are not zeros: skipped by the wrong width, they
+    read as a length-delimited field running past the end (issue 31, s142737-019), not as padding."""
+    junk = b"\x0a\xff\xff\xff"  # as a field: 1, length-delimited, a length far past the end
+    extra = b"\x12\x03abc" + b"\x48\x96\x01" + b"\x51" + junk * 2 + b"\x5d" + junk
     (a,) = parse_checkpoint(
         checkpoint([checkpoint_entry("r", ["0"], extra + alloc_resp(cdi=["v/c=n"]))]), "ck"
     )

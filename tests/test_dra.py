@@ -102,6 +102,10 @@ def test_unknown_fields_are_accepted() -> None:
     assert state.claims[0].devices[0].cdi_ids == (gpu_id(CLAIM_A, 2),)
 
 
+def _driver_state(state: object) -> bytes:
+    return dra_state([claim(CLAIM_A, "x", [POD_UID], []) | {"DriverState": {"gpu.nvidia.com": state}}])
+
+
 @pytest.mark.parametrize(
     ("data", "field"),
     [
@@ -113,6 +117,19 @@ def test_unknown_fields_are_accepted() -> None:
         (
             dra_state([claim(CLAIM_A, "x", [POD_UID], [device(["a/b=c"])]) | {"DriverState": []}]),
             "DriverState",
+        ),
+        # issue 31 (s142737-025): a driver's state, its device list and each device are checked too
+        (
+            _driver_state(["a/b=c"]),
+            "DriverState[gpu.nvidia.com]",
+        ),
+        (
+            _driver_state({"Devices": 5}),
+            "DriverState[gpu.nvidia.com].Devices",
+        ),
+        (
+            _driver_state({"Devices": [5]}),
+            "DriverState[gpu.nvidia.com].Devices[0]",
         ),
         (b'{"version": "v2", "entries": []}', "version"),
     ],
