@@ -211,5 +211,23 @@ def test_a_plain_name_counts_as_plain_only_with_its_own_numbers(
     implicitly would otherwise start such a container undecided)."""
     node = {**gen.node(path, major, minor), "type": kind}
     assert needs_decision(_c(devices=[node]), {}) is True
-    plain = gen.node(path, *hook.routes.fastpath.PLAIN_DEVICES[path])
+    plain = gen.node(path, *KERNEL_NUMBERS[path])
     assert needs_decision(_c(devices=[plain]), {}) is False  # the control: its own numbers are plain
+
+
+# The numbers the kernel gives the nodes engines add to every container (Documentation/admin-guide/
+# devices.txt), written out here rather than read from the fast path's own table.
+KERNEL_NUMBERS = {
+    "/dev/null": (1, 3), "/dev/zero": (1, 5), "/dev/full": (1, 7), "/dev/random": (1, 8),
+    "/dev/urandom": (1, 9), "/dev/tty": (5, 0), "/dev/console": (5, 1), "/dev/ptmx": (5, 2),
+    "/dev/fuse": (10, 229), "/dev/net/tun": (10, 200), "/dev/kvm": (10, 232),
+}  # fmt: skip
+
+
+def test_the_nodes_engines_add_with_their_kernel_numbers_need_no_decision() -> None:
+    """Issue 31 (s142737-049): a container that asks for nothing starts on the fast path, so each
+    node an engine adds, carrying the numbers the kernel gives it, must count as plain (a wrong
+    number in the table sends every container with a console to the full path)."""
+    assert set(KERNEL_NUMBERS) == set(hook.routes.fastpath.PLAIN_DEVICES)
+    for path, (major, minor) in KERNEL_NUMBERS.items():
+        assert needs_decision(_c(devices=[gen.node(path, major, minor)]), {}) is False, path
