@@ -30,12 +30,14 @@ from tests.live.test_spec_level import (
     SLICE_ENV,
     SLICE_EXPECTED,
     SLICE_PROBES,
+    _ctr,
     _ctr_run,
     _privileged_bundle,
+    containerd,
     world,
 )
 
-__all__ = ["world"]  # the module-scoped fixture, shared
+__all__ = ["containerd", "world"]  # the module-scoped fixtures, shared
 
 SOCKET = "/run/oci-device-hook/decider.sock"
 
@@ -118,3 +120,45 @@ def test_containerd_through_the_wrapper_is_served_and_narrows_the_mig_pod(
     assert _ctr_run(world, served_containerd, b) == MIG_EXPECTED
     rec = _last_record(world)
     assert (rec["verdict"], rec["route"], rec.get("decider")) == ("apply", "wrapper", "answered"), rec
+
+
+# What may differ between a served and an in-process start: when, how long, who decided, which id.
+_VARYING = {"time", "duration_ms", "decider"}
+
+
+def _comparable(rec: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in rec.items() if k not in _VARYING}
+    if isinstance(out.get("container"), dict):
+        out["container"] = {k: v for k, v in out["container"].items() if k != "id"}
+    return out
+
+
+@pytest.mark.parametrize("pod", ["slice", "mig", "plain"])
+def test_containerd_served_and_in_process_starts_are_the_same(
+    world: dict[str, Path],
+    containerd: dict[str, Any],
+    served_containerd: dict[str, Any],
+    tmp_path: Path,
+    pod: str,
+) -> None:
+    """The same bundle through the registered wrapper of two containerds, one with the decider and
+    one without: the same exit, output, probes and log record (less time, duration, decider, id)."""
+    shapes = {
+        "slice": (SLICE_ENV, SLICE_PROBES, None),
+        "mig": ([], MIG_PROBES, MIG_ANNOTATION),
+        "plain": ([], SLICE_PROBES, None),
+    }
+    env, probes, annotations = shapes[pod]
+    results, records = [], []
+    for name, ctd in (("in-process", containerd), ("served", served_containerd)):
+        log = world["base"] / "hook.log"
+        before = len(log.read_text().splitlines()) if log.exists() else 0
+        proc = _ctr(world, ctd, _privileged_bundle(tmp_path / name, env, probes, annotations))
+        results.append((proc.returncode, proc.stdout, proc.stderr))
+        lines = log.read_text().splitlines()[before:] if log.exists() else []
+        records.append([json.loads(line) for line in lines])
+    assert results[0] == results[1]
+    assert [_comparable(r) for r in records[0]] == [_comparable(r) for r in records[1]]
+    if pod != "plain":  # a container that asks for nothing is answered on the fast path: no record
+        assert [r.get("decider") for r in records[1]] == ["answered"]
+        assert all(r.get("decider") != "answered" for r in records[0])
