@@ -114,31 +114,34 @@ def run_step(b: Any, step: str) -> None:
         raise ValueError(step)
 
 
-def _asker(settings: Path, config: bytes) -> Callable[[], str] | str:
-    """One spec-level (precreate) request for ``config`` as ``hook precreate --config settings``
-    sends it, through the hook's own client (``hook.routes.client``), or why there is none."""
+def _asker(settings: Path, bundle: Path, cid: str) -> Callable[[], str] | str:
+    """One live request for the container in ``bundle`` as the prestart hook (``--config
+    settings``) sends it, through the hook's own client (``hook.routes.client``), or why there
+    is none. No pid: the decider decides; nothing is applied."""
     try:
         from hook.routes import client, wire
     except ImportError as exc:
         return f"no decider client in this tree ({exc})"
     path = str(settings)
     fingerprint = wire.fingerprint({"--config": [path]}, path)
-    parts = [(wire.CONFIG, config), (wire.FACTS, b"")]
+    config = (bundle / "config.json").read_bytes()
+    parts = [(wire.STATE, bundles.state_for(bundle, cid)), (wire.CONFIG, config)]
 
     def ask() -> str:
-        got, body = client.ask(b"precreate", fingerprint, parts, 5.0)
+        got, body = client.ask(b"live", fingerprint, parts, 5.0)
         return "answered" if got == "answered" else f"{got or 'no decider'}: {body!s}"
 
     return ask
 
 
 def rss_check(b: Any, w: Workload, d: Decider) -> tuple[str, bool, str]:
-    """1,000 decisions of ``w``'s container by the decider (spec level: no running container
-    needed), asked one after another by the hook's client in this process, so the loop costs
-    the decider's work only; its VmRSS after the 100th and the last."""
+    """1,000 live decisions of ``w``'s container by the decider (no pid: decided, not applied),
+    asked one after another by the hook's client in this process, so the loop costs the
+    decider's work only; its VmRSS after the 100th and the last."""
     label = (f"decider RSS after {RSS_DECISIONS:,} decisions on 64 GPUs + 224 MIG: <= 60 MiB, "
              "not growing from the 100th (<= 1 MiB)")
-    ask = _asker(w.node.settings, json.dumps(w.make(b.rootfs, "/odh-bench/rss")).encode())
+    bundle = bundles.write_bundle(b.tmp / "bundles" / "decider-rss", w.make(b.rootfs, "/odh-bench/rss"))
+    ask = _asker(w.node.settings, bundle, "odh-bench-rss")
     if isinstance(ask, str):
         return (label, False, ask)
     at: dict[int, int] = {}
@@ -163,7 +166,7 @@ def rss_check(b: Any, w: Workload, d: Decider) -> tuple[str, bool, str]:
     each = statistics.median(took) * 1000
     print(f"bench: decider RSS {first_mib:.1f} -> {mib:.1f} MiB", file=sys.stderr)
     return (label, ok, f"VmRSS {first_mib:.1f} MiB after 100, {mib:.1f} MiB after {RSS_DECISIONS:,} "
-                       f"(precreate requests, every one answered; median {each:.0f} ms a decision)")
+                       f"(live requests, every one answered; median {each:.0f} ms a decision)")
 
 
 def _md(rows: list[tuple[str, ...]]) -> list[str]:
