@@ -468,8 +468,9 @@ ROUTES_NOTES = """
 
 PAGE = """# Performance on the container start path
 
-Written by `bench/run` (do not edit by hand; rerun it). Every ratio comes from paired, alternating
-repetitions in one run on one machine; values are medians. The hook runs as the package installs
+Written by `bench/run` (do not edit by hand; rerun it). Every ratio comes from one run on one
+machine: the route tables from one round-robin per workload, the other rows from paired,
+alternating repetitions; values are medians. The hook runs as the package installs
 it: the launcher from `packaging/launcher` (`python3 -ISB`, dependencies in `lib/` beside it) on the
 interpreter its shebang names. The whole run is in a private mount namespace with an empty tmpfs
 over `/run` (so `/run/oci-device-hook`, the hook's cache directory, is the bench's own and starts
