@@ -138,6 +138,23 @@ def test_a_decided_node_moved_to_another_gpu_is_decided_again(node: dict[str, An
     assert out["annotations"][ANNOTATION] != decided["annotations"][ANNOTATION]
 
 
+@pytest.mark.parametrize("seen", ["/usr/bin/crun", "runc"])
+def test_a_runtime_the_wrapper_read_unlike_the_settings_is_warned(node: dict[str, Any], seen: str) -> None:
+    """Issue 31 (s142737-145): the runtime wrapper (POSIX sh, no YAML parser) reads ``runtime``
+    from the settings itself and passes what it read; where that is not what the YAML says, the
+    wrapper may exec another runtime than the operator wrote, and the decision's record says so.
+    Where they agree, nothing is said."""
+    settings_file(node["tmp"], runtime="runc")
+    res = precreate(node, example("slice-privileged"), env={"OCI_DEVICE_HOOK_RUNTIME": seen})
+    assert res.returncode == 0, res.stderr
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    warned = [w for w in record.get("warnings", []) if "the wrapper read" in w]
+    if seen == "runc":
+        assert warned == []
+    else:
+        assert len(warned) == 1 and "'/usr/bin/crun'" in warned[0] and "'runc'" in warned[0], record
+
+
 def test_mig_pod_gets_its_cdi_nodes_and_own_caps_only(node: dict[str, Any]) -> None:
     res = precreate(node, example("mig-privileged"))
     assert res.returncode == 0, res.stderr
