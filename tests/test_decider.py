@@ -623,3 +623,20 @@ def test_a_header_without_the_keys_mac_is_dropped_before_its_frames_are_read(
             got = b""
     assert got == b""
     assert decider.status()["unauthenticated"] == 1
+
+
+def test_the_mac_is_keyed_blake2b_256_over_unambiguous_parts() -> None:
+    """Issue 31 (s142737-175): docs/design.md's MAC is keyed BLAKE2b-256 (32 bytes: a shorter tag
+    is a weaker one nobody chose), keyed by the node key, and a list of parts never collides with
+    another split of the same bytes (each part is length-prefixed)."""
+    import hashlib
+
+    key = b"k" * wire.KEY_BYTES
+    tag = wire.mac(key, b"head", b"x")
+    assert len(tag) == 32
+    assert tag == hashlib.blake2b(
+        len(b"head").to_bytes(8, "big") + b"head" + (1).to_bytes(8, "big") + b"x",
+        key=key, digest_size=32, person=b"odh-decider-v2",
+    ).digest()  # fmt: skip
+    assert wire.mac(b"j" * wire.KEY_BYTES, b"head", b"x") != tag
+    assert wire.mac(key, b"hea", b"dx") != tag and wire.mac(key, b"headx") != tag

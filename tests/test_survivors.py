@@ -140,3 +140,33 @@ def test_additions_are_ordered_by_major_minor_then_type() -> None:
         (DeviceType.CHAR, 259, 0),
     ]
     assert [n.path for n in plan.create] == ["/dev/x-a", "/dev/x-b", "/dev/x-c"]
+
+
+# --- decide: one node granted by two requests gets what either grants (issue 31, s142737-086) -----
+
+
+def test_a_node_granted_by_two_requests_gets_the_access_of_both() -> None:
+    """Two CDI devices may both name a node (a shared control node, one spec giving it ``r``, the
+    other ``rw``): the container asked for both devices, so the node's rule allows what either
+    grants, never only what both do (a device would then lose the write its spec gives it)."""
+    from hook.core.decide import Grant, Inputs, decide
+    from hook.core.plan import Node
+    from hook.core.requests import DeviceRequest, Kind, Requests
+    from hook.core.rules import Access
+
+    cfg = parse_config(json.dumps(config()).encode(), "/b/config.json", "/b")
+    ctl = Node(path="/dev/x-ctl", type="c", major=259, minor=255)
+    card = Node(path="/dev/x-a", type="c", major=259, minor=0)
+    reqs = [
+        DeviceRequest(source="annotation:cdi.k8s.io/x", value=f"v.com/c={d}", kind=Kind.CDI, from_plugin=True)
+        for d in ("a", "b")
+    ]
+    grants = {
+        reqs[0]: (Grant(node=ctl, access=Access.R), Grant(node=card, access=Access.R)),
+        reqs[1]: (Grant(node=ctl, access=Access.R | Access.W),),
+    }
+    requests = Requests(items=tuple(reqs), evidence=("annotation",), warnings=(), driver_capabilities="")
+    plan = decide(Inputs(container_id="c", config=cfg, settings=Settings(), requests=requests, grants=grants))
+    access = {(r.major, r.minor): r.access for r in plan.rules if r.allow}
+    assert access[(259, 255)] == Access.R | Access.W
+    assert access[(259, 0)] == Access.R
