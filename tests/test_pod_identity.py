@@ -61,6 +61,10 @@ def _own_uid(engine: str) -> dict[str, str]:
         (f"kubepods-burstable-podx.slice:cri-containerd:{CONTAINER_ID}", (CONTAINERD, CONTAINER_ID)),
         (f"/kubepods/burstable/pod{POD_UID}/crio-{CONTAINER_ID}", (CRIO, CONTAINER_ID)),
         (f"kubepods-burstable-podx.slice:crio:{CONTAINER_ID}", (CRIO, CONTAINER_ID)),
+        # issue 31 (s142737-032): a containerd id is any 64 hex digits, every digit among them too
+        (f"/kubepods/pod{POD_UID}/{'0123456789abcdef' * 4}", (CONTAINERD, "0123456789abcdef" * 4)),
+        (f"/kubepods/pod{POD_UID}/{'0123456789abcdeg' * 4}", ("", "")),  # not hex
+        (f"/kubepods/pod{POD_UID}/{'a' * 63}", ("", "")),  # not 64
         ("machine.slice:libpod:abc", ("", "")),
         ("/libpod_parent/libpod-abc", ("", "")),
         ("/odh-live/odh-1234", ("", "")),
