@@ -640,3 +640,20 @@ def test_the_mac_is_keyed_blake2b_256_over_unambiguous_parts() -> None:
     ).digest()  # fmt: skip
     assert wire.mac(b"j" * wire.KEY_BYTES, b"head", b"x") != tag
     assert wire.mac(key, b"hea", b"dx") != tag and wire.mac(key, b"headx") != tag
+
+
+def test_stopping_waits_for_the_requests_in_flight(sockdir: Path) -> None:
+    """Issue 31 (s142737-164): ``hook serve`` stopping (SIGTERM: an upgrade, a restart) lets every
+    request already being decided finish, within its limit, before the process exits: a hook
+    waiting on an answer then gets one instead of a dropped connection."""
+    d = serve.Decider(str(sockdir), key=b"k" * 32, opts={}, settings_path="/nonexistent")
+    assert d._slots.acquire(blocking=False)  # a worker still deciding
+
+    def finish() -> None:
+        time.sleep(0.5)
+        d._slots.release()
+
+    threading.Thread(target=finish, daemon=True).start()
+    start = time.monotonic()
+    d.drain(30.0)
+    assert time.monotonic() - start >= 0.45  # returned only once that request was done
