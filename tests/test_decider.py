@@ -657,3 +657,37 @@ def test_stopping_waits_for_the_requests_in_flight(sockdir: Path) -> None:
     start = time.monotonic()
     d.drain(30.0)
     assert time.monotonic() - start >= 0.45  # returned only once that request was done
+
+
+def test_a_decision_that_cannot_be_applied_is_logged_as_an_error(tmp_path: Path, sockdir: Path) -> None:
+    """Issue 31 (s142737-194): a plan that changes something but cannot be applied (here: the state
+    names no pid, so there is no container to apply it to) exits non-zero with one line, and the
+    log says so (verdict error, the reason), never nothing: the operator's log is where a start
+    that failed is looked for."""
+    opts, _, log = a_container(tmp_path)
+    bundle = write_bundle(tmp_path / "slice", gen.bundles()["slice-privileged"])
+    rc = run_live({**opts, "--log": [""]}, state(bundle, id="ctr-9"))
+    assert rc != 0
+    (line,) = log_lines(log)
+    assert line["verdict"] == "error" and "pid" in str(line["error"]), line
+    assert line["container"] == {"id": "ctr-9"} or line["container"]["id"] == "ctr-9"
+
+
+def test_a_request_that_breaks_the_decider_is_one_escaped_line_and_frees_its_slot(
+    sockdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 (s142737-165): a worker's unexpected error never takes the decider down and is
+    never silent: one line on its stderr (the journal), escaped, and the slot is given back."""
+    d = serve.Decider(str(sockdir), key=b"k" * 32, opts={}, settings_path="/nonexistent")
+
+    def broken(conn: socket.socket) -> None:
+        raise RuntimeError("bad\x1b[2J\nnews")
+
+    monkeypatch.setattr(d.answerer, "handle", broken)
+    assert d._slots.acquire(blocking=False)  # as run() does before it starts the worker
+    a, b = socket.socketpair()
+    b.close()
+    d._worker(a)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "request failed: RuntimeError" in err and "\x1b" not in err, err
+    assert d._slots._value == serve.MAX_WORKERS  # type: ignore[attr-defined]  # the slot came back
