@@ -120,3 +120,26 @@ def test_a_deny_inside_an_allowed_wildcard_is_refused_by_runc() -> None:
     ]
     with pytest.raises(PunchHoleError):
         systemd_properties(rules)
+
+
+def test_a_deny_after_an_allow_a_rule_with_numbers_is_written_again() -> None:
+    """Issue 31 (s142737-153): runc reads an allow ``a`` rule as every device whatever its numbers,
+    so a deny the config already holds *before* such a rule does not hold: the spec writer must
+    append the plan's deny after it, not skip it as already there."""
+    from hook.core.plan import Plan, Verdict
+
+    deny = Rule(allow=False, type=DeviceType.CHAR, major=195, minor=1, access=Access.RWM)
+    raw = {
+        "linux": {
+            "resources": {
+                "devices": [
+                    deny.to_json(),
+                    {"allow": True, "type": "a", "major": 1, "minor": 3, "access": "rwm"},  # runc: a *:* rwm
+                ]
+            }
+        }
+    }
+    plan = Plan(verdict=Verdict.APPLY, reason="narrowed", rules=(deny,))
+    rules = _rules(fold_plan(raw, plan))
+    assert not evaluate(rules, DeviceType.CHAR, 195, 1, Access.R | Access.W)
+    assert rules[-1] == deny

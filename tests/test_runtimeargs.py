@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,7 +258,7 @@ PROBES = RUNC_SPELLINGS + CRUN_SPELLINGS + [
     ["create", "--pid-file", "--bundle", "A", "id"], ["create", "x", "-b", "A", "-b", "B"],
     ["create", "--console-socket", "--bundle", "A", "id"], ["--log", "create", "run", "-b", "B", "id"],
     *GO_FALSE_SPELLINGS, *GO_TRUE_SPELLINGS,
-    *BOTH_REJECT, ["--systemd-cgroup", "create", "--bundle", "A", "id"],
+    *BOTH_REJECT, ["--systemd-cgroup", "create", "--bundle", "A", "id"], ["create", "-b", "A", "--", "id"],
 ]  # fmt: skip
 
 
@@ -304,3 +305,12 @@ def test_the_readers_agree_with_the_real_runtimes(runtime: str, tmp_path: Path) 
             dirs = ("A", "B", ".")
             with contextlib.suppress(ArgsError):  # refusing is always allowed
                 assert cfg(args, dirs) == opened, args
+
+
+@pytest.mark.parametrize("reader", [read_runc_1_1, read_runc_1_2, read_crun, read_crun_1_8])
+def test_a_double_dash_before_the_id_ends_the_flags_once(reader: Any) -> None:
+    """Issue 31 (s142737-159): ``runc create -b A -- id`` creates ``id`` from A (runc 1.1.5 here
+    opens A/config.json: the real-runtime probes below); urfave/cli 1.22.14 keeps the ``--`` once
+    when it moves the flags, so runc 1.2's reading is the same, never a second argument ``--``."""
+    found = reader(["create", "-b", "A", "--", "id"])
+    assert found is not None and (found.bundle, found.ident) == ("A", "id")
