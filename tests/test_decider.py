@@ -691,3 +691,18 @@ def test_a_request_that_breaks_the_decider_is_one_escaped_line_and_frees_its_slo
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "request failed: RuntimeError" in err and "\x1b" not in err, err
     assert d._slots._value == serve.MAX_WORKERS  # type: ignore[attr-defined]  # the slot came back
+
+
+def test_serve_without_a_usable_key_dir_is_one_line_and_exit_1(
+    tmp_path: Path, sockdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31 (s142737-166): no key, no decider: ``hook serve`` says why in one line and exits 1
+    before it listens (no socket a hook would then wait on)."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setattr(wire, "KEY_DIR", str(blocker / "keys"))
+    opts, _, _ = a_container(tmp_path)
+    assert serve.serve(opts, str(sockdir)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no key in" in err, err
+    assert not (sockdir / wire.SOCKET_NAME).exists()

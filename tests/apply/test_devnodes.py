@@ -367,3 +367,18 @@ def test_a_rootfs_that_cannot_be_statted_is_named_with_its_strerror(tmp_path: Pa
         "stat",
         "No such file or directory",
     )
+
+
+def test_undo_removes_every_directory_it_made_however_deep(
+    tmp_path: Path, spawn: Callable[[str], int]
+) -> None:
+    """Issue 31 (s142737-130): a node two directories below /dev (``/dev/dri/by-path/...`` has that
+    shape) makes both directories; the undo removes each one where it is, leaving the container's
+    /dev as it found it."""
+    root = make_rootfs(tmp_path)
+    pid = spawn(unpivoted(root))
+    deep = Node(path="/dev/odh-a/odh-b/nvidia-cap2", type="c", major=237, minor=2, file_mode=0o444)
+    undo = devnodes.apply(pid, [deep], [], rootfs=str(root))
+    assert stat.S_ISCHR(os.lstat(in_ns(pid, root, deep.path)).st_mode)
+    undo.run()
+    assert sorted(os.listdir(in_ns(pid, root, "/dev"))) == []
