@@ -280,7 +280,7 @@ def test_the_key_is_made_once_root_only(tmp_path: Path) -> None:
     assert os.stat(d).st_mode & 0o777 == 0o700 and os.stat(d / wire.KEY_NAME).st_mode & 0o777 == 0o600
 
 
-@pytest.mark.parametrize("bad", ["symlink", "group-readable", "short", "dir-open", "fifo"])
+@pytest.mark.parametrize("bad", ["symlink", "group-readable", "short", "long", "dir-open", "fifo"])
 def test_a_key_that_cannot_be_trusted_is_none(tmp_path: Path, bad: str) -> None:
     d = tmp_path / "k"
     key = wire.make_key(str(d))
@@ -295,6 +295,8 @@ def test_a_key_that_cannot_be_trusted_is_none(tmp_path: Path, bad: str) -> None:
         path.chmod(0o640)
     elif bad == "short":
         path.write_bytes(key[:16])
+    elif bad == "long":  # issue 31 (s142737-178): 33 bytes are not a key with a byte to spare
+        path.write_bytes(key + b"k")
     elif bad == "dir-open":
         d.chmod(0o755)
     else:
