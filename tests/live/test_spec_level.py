@@ -21,6 +21,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def _hook_exe() -> str:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """Fake driver root, busybox rootfs with planted nodes, settings, and an installed-like libexec.
 
     ``libexec/hook`` records the config it got and the one it gave (``rec/in.json``, ``rec/out.json``)
@@ -126,14 +127,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         f"cat {rec}/out.json\nexit $rc\n"
     )
     (libexec / "hook").chmod(0o755)
-    return {
+    # podman refuses a runroot of more than 50 characters: the temp root of a parallel run
+    # (.../pytest-N/popen-gw0/spec-level0/run) is longer, so podman's run state gets a short dir
+    runroot = Path(tempfile.mkdtemp(prefix="odhs-", dir="/tmp"))
+    yield {
         "base": base,
         "driver": driver,
         "rootfs": rootfs,
         "settings": settings,
         "rec": rec,
         "libexec": libexec,
+        "runroot": runroot,
     }
+    shutil.rmtree(runroot, ignore_errors=True)
 
 
 def _records(world: dict[str, Path]) -> tuple[bytes, bytes]:
@@ -176,7 +182,7 @@ def _in_fake_dev(world: dict[str, Path], cmd: list[str]) -> subprocess.Completed
 def _podman_cmd(world: dict[str, Path], hooks: Path, args: list[str], probes: list[str]) -> list[str]:
     base = world["base"]
     return [
-        "podman", "--runtime", "runc", "--root", str(base / "storage"), "--runroot", str(base / "run"),
+        "podman", "--runtime", "runc", "--root", str(base / "storage"), "--runroot", str(world["runroot"]),
         "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file",
         "--hooks-dir", str(hooks), "run", "--rm", "--network", "none",
         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", *args,
