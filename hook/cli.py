@@ -336,9 +336,10 @@ def log_cmd(
     metavar="[PATH]",
     help="replace the node_exporter textfile (*.prom or its dir; default: the settings' metrics_textfile)",
 )
+@click.option("--since", default="", help="only records since then, as hook log (not with --textfile)")
 @click.pass_context
 def metrics_cmd(
-    ctx: click.Context, /, config_file: Path | None, log_file: Path | None, textfile: str | None
+    ctx: click.Context, /, config_file: Path | None, log_file: Path | None, textfile: str | None, since: str
 ) -> None:
     """Counters and a latency histogram over the decision log, in the Prometheus text format."""
     from hook.sources.settingsfile import DEFAULT_PATH, load_settings
@@ -347,11 +348,11 @@ def metrics_cmd(
     path = config_file or (ctx.find_root().obj or {}).get("config_file")
     settings = load_settings(path or DEFAULT_PATH, required=bool(path))
     target = textfile or settings.metrics_textfile
-    if textfile == "" and not target:
-        raise click.UsageError("--textfile: no PATH given and the settings name no metrics_textfile")
-    out = textfile_path(Path(target)) if target else None
+    if (textfile == "" and not target) or (since and textfile is not None):
+        raise click.UsageError("--textfile: needs a PATH (or the metrics_textfile setting) and no --since")
+    out = textfile_path(Path(target)) if target and not since else None
     log = log_file or Path(settings.log_file)
-    _finish(*cmd_metrics(log, out, write=textfile is not None, must_exist=log_file is not None))
+    _finish(*cmd_metrics(log, out, write=textfile is not None, must_exist=log_file is not None, since=since))
 
 
 @cli.group("settings")

@@ -286,3 +286,20 @@ def test_the_daemonset_script_runs_hook_metrics_on_the_bundled_interpreter(
     assert "ExecStart=/usr/libexec/oci-device-hook/hook metrics --textfile\n" in service
     assert "OnUnitActiveSec=1min" in (units / "oci-device-hook-metrics.timer").read_text()
     assert not list(root.rglob("timers.target.wants"))
+
+
+def test_since_prints_a_window_of_the_log_and_never_keeps_a_textfile(tmp_path: Path) -> None:
+    """The shared contract's ``--since`` (as ``hook log``): the records stamped then or later only;
+    a textfile's counters must only grow, so a window is never written into one."""
+    settings_file(tmp_path)
+    write(tmp_path / "hook.log", rec("apply", 1, route="live"), rec("deny", 2, route="live"))
+    code, out, err = metrics(tmp_path, "--since", "2026-12-01T10:00:02")
+    assert (code, err) == (0, "")
+    got = samples(out)
+    assert total(got, "oci_device_hook_decisions_total") == 1
+    assert total(got, "oci_device_hook_decisions_total", verdict="deny") == 1
+    code, _, err = metrics(tmp_path, "--since", "2h", "--textfile", str(tmp_path / "m.prom"))
+    assert code == 2 and "--since" in err
+    assert not (tmp_path / "m.prom").exists()
+    code, _, err = metrics(tmp_path, "--since", "soon")
+    assert code == 2 and "--since" in err

@@ -243,12 +243,20 @@ def write_textfile(path: Path, text: str) -> None:
 
 
 def cmd_metrics(
-    log: Path, textfile: Path | None, *, write: bool, must_exist: bool = False
+    log: Path, textfile: Path | None, *, write: bool, must_exist: bool = False, since: str = ""
 ) -> tuple[str, int]:
     """The text; with ``write``, the textfile is replaced by it instead. With a textfile, its
-    counts are continued (printing shows what the next write would hold, and writes nothing)."""
+    counts are continued (printing shows what the next write would hold, and writes nothing).
+    ``since`` (``hook log``'s spellings) prints a window instead: the records stamped then or
+    later, no position, no textfile (whose counters must only grow)."""
     if must_exist and not _files(log):
         raise InputError(str(log), "", "no such log file (nor rotated copies of it)")
+    if since:
+        from hook.tools.logread import parse_since, read_records
+
+        first = parse_since(since)
+        records = [r for r in read_records(log) if r is None or str(r.get("time", "")) >= first]
+        return HEADER + render(tally(records)), 0
     start, position = _previous(textfile) if textfile is not None else (None, None)
     counts, end = collect(log, start, position)
     text = HEADER + render(counts) + (end.to_line() if end is not None else "")
