@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+DOCS = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
 SOURCES = sorted(
     [
         *DOCS,
@@ -25,7 +25,7 @@ SOURCES = sorted(
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_name_files_of_the_repository(doc: Path) -> None:
     broken = []
     for target in LINK.findall(doc.read_text()):
@@ -59,7 +59,7 @@ def test_operators_guide_opens_with_a_containerd_node_in_five_commands() -> None
 
 def test_operators_guide_tells_one_uninstall_story() -> None:
     """Issue 29 item 8: the .deb and the installer are removed, and purged, by one procedure."""
-    text = (REPO / "docs/operators.md").read_text()
+    text = (REPO / "docs/operators/install.md").read_text()
     sections = re.split(r"\n## ", text)
     uninstall = [s for s in sections if "Uninstall" in s.splitlines()[0]]
     assert len(uninstall) == 1, [s.splitlines()[0] for s in uninstall]

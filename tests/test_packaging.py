@@ -178,6 +178,8 @@ def test_deb_contents(deb: Path) -> None:
         "/etc/logrotate.d/oci-device-hook",
         "/usr/share/doc/oci-device-hook/copyright",
         "/usr/share/doc/oci-device-hook/operators.md",
+        "/usr/share/doc/oci-device-hook/operators/install.md",
+        "/usr/share/doc/oci-device-hook/operators/observe.md",
         "/usr/share/doc/oci-device-hook/engines/README.md",
         "/usr/share/doc/oci-device-hook/kubernetes/daemonset.yaml",
         "/lib/systemd/system/oci-device-hook-decider.service",
