@@ -308,6 +308,35 @@ def test_a_key_that_cannot_be_trusted_is_none(tmp_path: Path, bad: str) -> None:
         assert len(fresh) == 32 and not path.is_symlink() and wire.read_key(str(d)) == fresh
 
 
+def test_a_fresh_daemonset_key_dir_is_narrowed_through_its_fd(tmp_path: Path) -> None:
+    """Issue 36 item 6: hostPath ``DirectoryOrCreate`` makes the key dir 0755 (root's); ``hook
+    serve`` narrows its own directory to 0700 and makes its key there, instead of crash-looping."""
+    d = tmp_path / "k"
+    d.mkdir()
+    d.chmod(0o755)
+    key = wire.make_key(str(d))
+    assert len(key) == 32 and wire.read_key(str(d)) == key
+    assert os.stat(d).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("bad", ["symlink", "foreign"])
+def test_a_key_dir_not_ours_is_never_narrowed(tmp_path: Path, bad: str) -> None:
+    """A symlink at the key dir's name, or another user's directory there, is refused as it is:
+    no chmod reaches what it names, no key is written into it."""
+    target = tmp_path / "target"
+    target.mkdir()
+    target.chmod(0o755)
+    d = target
+    if bad == "symlink":
+        d = tmp_path / "k"
+        d.symlink_to(target)
+    else:
+        os.chown(target, 12345, 12345)
+    with pytest.raises(OSError):
+        wire.make_key(str(d))
+    assert os.stat(target).st_mode & 0o777 == 0o755 and os.listdir(target) == []
+
+
 # --- every failure falls back, and says so -----------------------------------------------------------
 
 

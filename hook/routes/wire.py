@@ -116,7 +116,9 @@ def read_key(directory: str | None = None) -> bytes | None:
 def make_key(directory: str | None = None) -> bytes:
     """The node's key, created when there is none (``hook serve`` at start; the installer may too).
 
-    The directory is made 0700 (its parent must exist) and must then be ours and private; a new
+    The directory is made 0700 and must then be ours; one that is ours but open (a fresh node's
+    hostPath ``DirectoryOrCreate`` makes it 0755) is narrowed to 0700 through its fd, never through
+    the path, and a symlink there or another user's directory is refused as it is. A new
     key is written to a private name opened ``O_EXCL|O_NOFOLLOW`` and linked (or, over a file that
     cannot be a key, renamed: a rename replaces the name, never what a symlink there points at)
     into place. ``OSError`` says why there is no key.
@@ -125,6 +127,9 @@ def make_key(directory: str | None = None) -> bytes:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        st = os.fstat(dfd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.fchmod(dfd, 0o700)
         if not _own_private_dir(dfd):
             raise PermissionError(f"{directory}: must be this user's directory, mode 0700, not a symlink")
         key = read_key(directory)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,22 @@ def test_the_decider_writes_nothing_for_a_request(
     assert wrote == [], wrote
     (record,) = records(host["log"])
     assert record["verdict"] == "apply" and record["decider"] == "answered"
+
+
+def test_a_fresh_daemonset_node_serves(tmp_path: Path) -> None:
+    """Issue 36 item 6: on a fresh node the DaemonSet's hostPath ``DirectoryOrCreate`` makes the key
+    dir root's 0755. The decider narrows it through its fd to 0700 and serves (the first design
+    refused it and crash-looped, so every hook decided in-process)."""
+    out = tmp_path / "status.json"
+    probe = ["sh", "-c", "stat -c 'KEYDIR %a' /var/lib/oci-device-hook; ls /var/lib/oci-device-hook"]
+    fresh = ["sh", "-c", 'chmod 0755 /var/lib/oci-device-hook && exec "$@"', "fresh-node"]
+    proc = subprocess.run(
+        private_host([*fresh, *with_decider(probe, out)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    status = json.loads(out.read_text()) if out.exists() else {}
+    assert "KEYDIR 700" in proc.stdout and "decider.key" in proc.stdout, (proc.stdout, proc.stderr)
+    assert isinstance(status.get("pid"), int), (status, Path(f"{out}.err").read_text())
