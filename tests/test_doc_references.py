@@ -7,6 +7,7 @@ part of it.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -68,3 +69,42 @@ def test_operators_guide_tells_one_uninstall_story() -> None:
     assert [step for step in steps if step not in story] == []
     lifecycle = next(s for s in sections if s.startswith("7. "))
     assert "pass-through" not in lifecycle and "section 5" in lifecycle
+
+
+def _doctor_reference() -> dict[str, str]:
+    text = (REPO / "docs/operators/troubleshoot.md").read_text()
+    table = text.split("## `hook doctor`, line by line", 1)[1]
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `([^`]+)` \|.*$", table, re.M)}
+
+
+def test_the_doctor_reference_names_every_line_doctor_prints(tmp_path: Path) -> None:
+    """Issue 37 item 7: a doctor reference; a check added without its row fails here."""
+    from hook.tools.doctor import run_doctor
+
+    out, _ = run_doctor(tmp_path / "driver", [tmp_path / "cdi"], [tmp_path / "hooks"], tmp_path / "cfg.yaml",
+                        "json", host_root=tmp_path, proc=tmp_path / "proc")  # fmt: skip
+    printed = {c["name"] for c in json.loads(out)}
+    source = "\n".join(p.read_text() for p in (REPO / "hook/tools").glob("doctor*.py"))
+    named = set(re.findall(r"Check\(\s*\"([^\"]+)\"", source))
+    named |= set(re.findall(r"^NAME = \"([^\"]+)\"", source, re.M))
+    documented = set(_doctor_reference())
+    assert printed and printed <= documented, printed - documented
+    assert named <= documented, named - documented
+    assert "containerd base spec (<handler>)" in documented
+
+
+def test_the_symptom_table_runs_commands_that_exist() -> None:
+    """Issue 37 item 7: every `hook X` the symptom table tells an operator to run is a command."""
+    from click.testing import CliRunner
+
+    from hook.cli import cli
+
+    text = (REPO / "docs/operators/troubleshoot.md").read_text().split("## Symptom → command", 1)[1]
+    table = text.split("\n## ", 1)[0].splitlines()
+    rows = [ln for ln in table if ln.startswith("| ") and "---" not in ln][1:]
+    assert len(rows) >= 12
+    commands = {m for row in rows for m in re.findall(r"`(?:<prefix>/)?hook ([a-z]+)", row.split(" | ")[1])}
+    assert {"doctor", "log", "settings", "metrics", "cdi"} <= commands
+    for command in commands:
+        res = CliRunner().invoke(cli, [command, "--help"])
+        assert res.exit_code == 0, (command, res.output)
