@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROOT_DEVICES_LIST = Path("/sys/fs/cgroup/devices/devices.list")
 HOST_CACHE_DIR = Path("/run/oci-device-hook")  # the hook's default cache dir on this machine
 HOST_LOG = Path("/var/log/oci-device-hook.log")  # the hook's default log
+HOST_OPT = Path("/opt")  # containerd's ``opt`` plugin makes /opt/containerd/{bin,lib} unless told a path
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 MNT_DETACH = 2
@@ -180,6 +181,52 @@ def host_cache_untouched(
         f"{request.node.nodeid} wrote the host's {HOST_LOG}: {ours[0][:300]!r} "
         "(a settings file that names no log, or one that does not load, logs there: "
         "run the hook with a private tmpfs over /var/log)"
+    )
+
+
+def _host_opt() -> dict[str, tuple[int, int]]:
+    """The host's /opt, two levels deep, as relative names -> (type bits, inode): a test that
+    makes, removes or replaces an entry there is named (a regular containerd makes
+    ``/opt/containerd/bin`` and ``lib``)."""
+    found: dict[str, tuple[int, int]] = {}
+    try:
+        top = list(os.scandir(HOST_OPT))
+    except OSError:
+        return found
+    for entry in top:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        found[entry.name] = (stat.S_IFMT(st.st_mode), st.st_ino)
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                below = list(os.scandir(entry.path))
+            except OSError:
+                continue
+            for sub in below:
+                try:
+                    sst = sub.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found[f"{entry.name}/{sub.name}"] = (stat.S_IFMT(sst.st_mode), sst.st_ino)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def host_opt_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No test makes, removes or replaces anything in the host's /opt (two levels deep), which the
+    session's mount namespace shares with the host: a containerd a test starts gets a scratch
+    ``opt`` path (``io.containerd.internal.v1.opt``), an installer a scratch ``--root``/``--libexec``."""
+    before = _host_opt()
+    yield
+    after = _host_opt()
+    added = sorted(after.keys() - before.keys())
+    removed = sorted(before.keys() - after.keys())
+    changed = sorted(k for k in after.keys() & before.keys() if after[k] != before[k])
+    assert not (added or removed or changed), (
+        f"{request.node.nodeid} wrote the host's {HOST_OPT}: added {added}, removed {removed}, "
+        f"replaced {changed} (give a containerd a scratch io.containerd.internal.v1.opt path)"
     )
 
 

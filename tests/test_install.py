@@ -581,6 +581,8 @@ def _containerd_config(base: Path) -> str:
           address = "{base}/c.sock"
         [ttrpc]
           address = "{base}/t.sock"
+        [plugins."io.containerd.internal.v1.opt"]
+          path = "{base}/opt"
         [plugins."io.containerd.grpc.v1.cri".containerd]
           default_runtime_name = "nvidia"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
