@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from hook.core.plan import Plan
+from hook.core.rules import rule_number
 
 if TYPE_CHECKING:
     from hook.adapters.allowlist import HostDevices
@@ -38,31 +39,58 @@ def fold_plan(config: dict[str, Any], plan: Plan, host: HostDevices | None = Non
     linux["devices"] = devices
     resources = linux.setdefault("resources", {})
     rules = list(resources.get("devices") or [])
+    touching = _Touching(rules)
     for rule in (r.to_json() for r in plan.rules):
-        if _last_touching(rules, rule) != rule:  # a CDI edit already appended this very rule last
+        if touching.last(rule) != rule:  # a CDI edit already appended this very rule last
             rules.append(rule)
+            touching.add(rule)
     if host is not None and any(not r.allow for r in plan.rules):
         rules = _allow_list(rules, devices, host)
     resources["devices"] = rules
     return out
 
 
-def _last_touching(rules: list[Any], rule: dict[str, Any]) -> Any:
-    """The last rule that decides any access for ``rule``'s device(s): an identical one makes it a no-op.
-    Read as runc does (``oci.parse_rule``): no type is ``a``, a negative number is ``*``."""
-    from hook.core.rules import rule_number
+class _Touching:
+    """The last rule that decides any access for a plan rule's device(s), found by lookup: an
+    identical one makes the plan rule a no-op. Read as runc does (``oci.parse_rule``): no type is
+    ``a``, a negative number is ``*``, and ``a`` with ``allow`` allows every device, numbers or not.
 
-    for old in reversed(rules):
+    A rule touches plan rule ``T major:minor`` when its type is ``a`` or ``T`` and each of its numbers
+    is ``*`` or equal: at most eight exact keys. Each key keeps its last rule and that rule's
+    position, so a plan of n rules over a config of m costs n + m, not n * (n + m) (big nodes hold
+    hundreds of each).
+    """
+
+    __slots__ = ("_count", "_last")
+
+    def __init__(self, rules: list[Any]) -> None:
+        self._last: dict[tuple[object, object, object], tuple[int, Any]] = {}
+        self._count = 0
+        for old in rules:
+            self.add(old)
+
+    def add(self, old: Any) -> None:
+        """``old`` is now the config's last rule."""
+        self._count += 1
         if not isinstance(old, dict):
-            continue
+            return
         kind = old.get("type") or "a"
+        if not isinstance(kind, str):  # never a plan rule's type, so it touches none
+            return
         every = kind == "a" and old.get("allow") is True  # runc: "a" allows every device, numbers or not
         major, minor = (None, None) if every else (_number(old.get("major")), _number(old.get("minor")))
-        if (kind in ("a", rule.get("type"))
-                and rule_number(major) in (None, rule.get("major"))
-                and rule_number(minor) in (None, rule.get("minor"))):
-            return old
-    return None
+        self._last[(kind, rule_number(major), rule_number(minor))] = (self._count, old)
+
+    def last(self, rule: dict[str, Any]) -> Any:
+        """The last rule touching ``rule`` (a plan rule's JSON), or ``None``."""
+        found = (0, None)
+        for kind in {"a", rule.get("type")}:
+            for major in {None, rule.get("major")}:
+                for minor in {None, rule.get("minor")}:
+                    hit = self._last.get((kind, major, minor))
+                    if hit is not None and hit[0] > found[0]:
+                        found = hit
+        return found[1]
 
 
 def _number(value: Any) -> int | None:

@@ -1,0 +1,99 @@
+"""The spec-level decision grows linearly with the node, in work (Python lines executed in
+``hook``, counted, not timed): ``decide_spec`` for the slice pod on 254 GPUs against the same on 8.
+
+Work ``a + b*n`` with ``a >= 0`` grows by at most ``n``'s ratio, so the whole decision may grow by
+no more than the ratio of device nodes (260 / 14), and no one module by more than the ratio of GPUs
+(254 / 8; a module's own fixed cost can be near zero, so its bound is the larger one). A step that
+scans every rule per rule (``specwriter``'s old ``_last_touching``) or per probe (``allowlist.
+access_of`` over every rule) grows as ``n*n``: the old fold made the whole 29x, its spec writer
+alone about 360x.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from bench import bundles as bench_bundles
+from bench import hosts
+from hook.routes.gather import host_devices
+from hook.routes.precreate import Facts, decide_spec
+from hook.sources import settingsfile
+from tests import hosttree
+from tests.bundles import settings_file
+
+HOOK = str(Path(__file__).resolve().parent.parent / "hook")
+SMALL, BIG = 8, hosts.MAX_REGULAR_MINOR + 1  # 254: every regular minor of one major (see bench/hosts.py)
+
+
+def lines_run(run: Any) -> Counter[str]:
+    """Lines of ``hook`` code ``run()`` executes, by module file: every loop turn counts, calls or not."""
+    count: Counter[str] = Counter()
+
+    def local(frame: FrameType, event: str, arg: object) -> Any:
+        if event == "line":
+            count[frame.f_code.co_filename] += 1
+        return local
+
+    def calls(frame: FrameType, event: str, arg: object) -> Any:
+        return local if frame.f_code.co_filename.startswith(HOOK) else None
+
+    before = sys.gettrace()  # a coverage tracer, say: handed back untouched
+    sys.settrace(calls)
+    try:
+        run()
+    finally:
+        sys.settrace(before)
+    return count
+
+
+def _node(tmp: Path, gpus: int) -> tuple[Counter[str], int]:
+    """(lines of one warm-cache ``decide_spec``, device nodes of the host) for the slice pod."""
+    spec = hosttree.HostSpec(name=f"growth-{gpus}", gpus=hosts.spec("254-gpus").gpus[:gpus])
+    hosttree.TOPOLOGIES[spec.name] = spec
+    try:
+        hosttree.make_host_tree(tmp / "root", spec.name, mknod=True)
+    finally:
+        del hosttree.TOPOLOGIES[spec.name]
+    (tmp / "no-cdi").mkdir()
+    config = hosts.slice_config(bench_bundles.slice_config(tmp / "rootfs", "/unused"), spec)
+    settings = settings_file(
+        tmp, kubelet_checkpoint=str(tmp / "no-checkpoint"), kubelet_dra_state=str(tmp / "no-dra")
+    )
+    opts = {
+        "--config": [str(settings)],
+        "--driver-root": [str(tmp / "root")],
+        "--cdi-spec-dir": [str(tmp / "no-cdi")],
+    }
+    stdin = json.dumps(config).encode()
+    first = decide_spec(opts, stdin, Facts())  # caches written, imports done: the next one is a warm start
+    assert first.code == 0 and first.out is not None and first.record is not None
+    assert [
+        k["path"]
+        for k in first.record["keeps"]
+        if k["path"].startswith("/dev/nvidia") and k["path"][11:].isdigit()
+    ] == ["/dev/nvidia1"]  # narrowed to its one GPU: the decision really folded an allow-list
+    return lines_run(lambda: decide_spec(opts, stdin, Facts())), len(host_devices(tmp / "root").nodes)
+
+
+def test_decide_spec_work_grows_no_faster_than_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settingsfile, "FASTPATH_CACHE", tmp_path / "fastpath.json")
+    (tmp_path / "small").mkdir(), (tmp_path / "big").mkdir()
+    small, small_nodes = _node(tmp_path / "small", SMALL)
+    big, big_nodes = _node(tmp_path / "big", BIG)
+    whole = sum(big.values()) / sum(small.values())
+    assert whole <= big_nodes / small_nodes, (sum(small.values()), sum(big.values()), small_nodes, big_nodes)
+    steep = {
+        Path(f).relative_to(HOOK).as_posix(): (small[f], n)
+        for f, n in big.items()
+        if n > small[f] * BIG / SMALL
+    }
+    assert not steep, f"grows faster than the GPUs ({BIG} / {SMALL}): {steep}"
