@@ -143,10 +143,11 @@ def test_both_engines_shapes_name_the_pod(engine: str) -> None:
     )
 
 
-def test_disagreeing_namespace_keys_name_no_pod() -> None:
+def test_the_other_engines_namespace_key_names_nothing() -> None:
+    """A pod's own ``io.kubernetes.pod.namespace`` in a containerd config is its word, not the engine's."""
     ann = {**annotations("containerd", "ml"), "io.kubernetes.pod.namespace": "gpu-operator"}
     ident = identify(ann, cgroups_path("containerd"))
-    assert ident.pod is None and "namespace" in ident.problem
+    assert ident.pod is not None and ident.pod.namespace == "ml" and ident.problem == ""
 
 
 # --- image env, no allocation ----------------------------------------------------------------------
@@ -599,8 +600,12 @@ def test_legacy_cuda_image_with_allocation_gets_only_it(
     name: str, tmp_path: Path, node: dict[str, Path], capsys: Any
 ) -> None:
     resp, plugin_env, mounts, ann = strategy(name)
-    cfg = pod_config(image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"], cri_env=plugin_env, mounts=mounts,
-                     extra_annotations=ann)
+    cfg = pod_config(
+        image_env=["PATH=/bin", "CUDA_VERSION=12.4.1"],
+        cri_env=plugin_env,
+        mounts=mounts,
+        extra_annotations=ann,
+    )
     rep = run(tmp_path, node, cfg, capsys, ckpt=checkpoint([gpu_entry(resp)]))
     assert rep["verdict"] == "apply"
     assert allowed(rep) & ALL_GPU_KEYS == {gpu_key(2)}

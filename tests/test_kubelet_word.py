@@ -34,7 +34,7 @@ from tests.k8s_shapes import (
 from tests.test_dra import CLAIM_A, CLAIM_B, K8S_MINORS, OTHER_POD, gpu_claim, gpus_denied, privileged_pod
 from tests.test_dra import Node as DraNode
 from tests.test_k8s import ALL_GPU_KEYS, UUID2, allowed, denied, gpu_entry, gpu_key, pod_config, run
-from tests.test_pod_identity import VICTIM_KEYS_CONTAINERD, attacker
+from tests.test_pod_identity import unmarked
 
 ENGINES = ["containerd", "crio"]
 ALL = {"cdi.k8s.io/x": "nvidia.com/gpu=all"}
@@ -233,10 +233,10 @@ def test_only_the_engines_own_key_makes_a_sandbox(
 def test_no_trusted_identity_is_an_empty_allocation_not_left_alone(
     shape: str, tmp_path: Path, node: dict[str, Path], capsys: Any
 ) -> None:
-    """A CRI-O pod naming a victim through containerd's keys, over-granted every GPU (a runtime in
-    CDI mode, or DeviceSpecs with their rules): narrowed to nothing, and the reason says why."""
+    """A pod's identity keys without CRI-O's own marks, over-granted every GPU (a runtime in CDI
+    mode, or DeviceSpecs with their rules): narrowed to nothing, and the reason says why."""
     cfg = pod_config("crio", cri_env=["NVIDIA_VISIBLE_DEVICES=all"])
-    cfg["annotations"] = attacker("crio", VICTIM_KEYS_CONTAINERD, cid=CONTAINER_ID)
+    cfg["annotations"] = unmarked("crio")
     cfg["linux"]["cgroupsPath"] = cgroups_path("crio")
     if shape == "cdi-runtime":
         cfg = nvidia_runtime(cfg, "cdi", list(GPUS), "/bin/true")

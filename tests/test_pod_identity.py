@@ -75,21 +75,21 @@ def test_the_cgroups_path_tells_the_engine(path: str, expected: tuple[str, str])
     assert cgroup_engine(path) == expected
 
 
-def test_a_crio_pod_naming_a_victim_through_containerds_keys_has_no_identity() -> None:
+def test_a_crio_pod_naming_a_victim_through_containerds_keys_is_still_itself() -> None:
     ident = identify(attacker("crio", VICTIM_KEYS_CONTAINERD), cgroups_path("crio"))
-    assert ident.pod is None and ident.engine == CRIO
-    assert "disagree" in ident.problem and "pod UID" in ident.problem
+    assert ident.engine == CRIO and ident.problem == "" and ident.pod is not None
+    assert (ident.pod.uid, ident.pod.namespace, ident.pod.name) == (ATTACKER, "evil", "x")
 
 
-def test_a_crio_pod_naming_a_sibling_container_has_no_identity() -> None:
+def test_a_crio_pod_naming_a_sibling_container_is_still_its_own_container() -> None:
     ann = {**annotations("crio"), "io.kubernetes.cri.container-name": "sibling"}
     ident = identify(ann, cgroups_path("crio"))
-    assert ident.pod is None and "container name" in ident.problem
+    assert ident.pod is not None and ident.pod.container == CONTAINER and ident.problem == ""
 
 
-def test_a_containerd_pod_naming_a_victim_through_crios_keys_has_no_identity() -> None:
+def test_a_containerd_pod_naming_a_victim_through_crios_keys_is_still_itself() -> None:
     ident = identify(attacker("containerd", VICTIM_KEYS_CRIO), cgroups_path("containerd"))
-    assert ident.pod is None and ident.engine == CONTAINERD and "disagree" in ident.problem
+    assert ident.engine == CONTAINERD and ident.pod is not None and ident.pod.uid == ATTACKER
 
 
 @pytest.mark.parametrize("engine", ["containerd", "crio"])
@@ -148,11 +148,10 @@ def test_the_victims_allocation_never_reaches_the_attacker(
     cfg = pod_config(engine, cri_env=env, extra_annotations=attacker(engine, victim))
     rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
     assert (rep["verdict"], rep["requests"], rep["nodes"]["create"]) == ("none", [], []), rep
-    assert rep["kubernetes"]["checkpoint_state"] == "untrusted"
-    assert rep["kubernetes"]["identity_problem"]
-    assert any(w.startswith("no trusted pod identity:") for w in rep["warnings"])
-    ignored = f"NVIDIA_VISIBLE_DEVICES={UUID2} ignored: no trusted pod identity"
-    assert any(ignored in w for w in rep["warnings"])
+    k = rep["kubernetes"]
+    assert (k["checkpoint_state"], k["pod_uid"], k["namespace"]) == ("read", ATTACKER, "evil")
+    ignored = f"NVIDIA_VISIBLE_DEVICES={UUID2} ignored: the kubelet allocated no GPU to pod evil/x"
+    assert any(ignored in w for w in rep["warnings"]), rep["warnings"]
 
 
 def test_the_victim_itself_still_gets_its_gpu(tmp_path: Path, node: dict[str, Path], capsys: Any) -> None:
@@ -181,7 +180,7 @@ def test_precreate_hands_the_attacker_no_gpu(tmp_path: Path, node: dict[str, Pat
     assert res.returncode == 0, res.stderr
     assert res.stdout == data  # unchanged: no node, no rule, no marker
     record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
-    assert record["kubernetes"]["checkpoint_state"] == "untrusted" and "pod" not in record
+    assert record["kubernetes"]["checkpoint_state"] == "read" and record["pod"]["namespace"] == "evil"
 
 
 def test_an_untrusted_pod_gets_nothing_from_a_dev_null_mount(
@@ -196,8 +195,98 @@ def test_an_untrusted_pod_gets_nothing_from_a_dev_null_mount(
         "crio",
         cri_env=env,
         mounts=[null_mount(f"{MOUNT_ROOT}/{UUID2}")],
-        extra_annotations=attacker("crio", VICTIM_KEYS_CONTAINERD),
     )
+    cfg["annotations"] = unmarked("crio")  # the victim's keys, without CRI-O's own marks
     rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
     assert (rep["verdict"], rep["requests"], rep["nodes"]["create"]) == ("none", [], []), rep
     assert any("volume mount ignored: no trusted pod identity" in w for w in rep["warnings"])
+
+
+# --- issue 36 item 2: untrusted is never freer than trusted ------------------------------------------
+
+# one pod annotation naming the other engine's pod UID, as a pod can write it: CRI-O copies every
+# pod annotation in; containerd passes io.kubernetes.pod.* where its pod_annotations allow them
+OTHER_ENGINES_KEY = {
+    "crio": {"io.kubernetes.cri.sandbox-uid": "x"},
+    "containerd": {"io.kubernetes.pod.uid": "x"},
+}
+
+
+@pytest.mark.parametrize("engine", ["crio", "containerd"])
+def test_the_other_engines_keys_never_make_the_identity_untrusted(engine: str) -> None:
+    """The engine's own keys name the pod; what the other engine would write is a pod's word."""
+    ident = identify({**annotations(engine), **OTHER_ENGINES_KEY[engine]}, cgroups_path(engine))
+    assert ident.problem == "" and ident.pod is not None
+    assert (ident.pod.uid, ident.pod.container) == (POD_UID, CONTAINER)
+    victim = VICTIM_KEYS_CONTAINERD if engine == "crio" else VICTIM_KEYS_CRIO
+    ident = identify(attacker(engine, victim), cgroups_path(engine))  # every field of the victim's
+    assert ident.problem == "" and ident.pod is not None and ident.pod.uid == ATTACKER
+
+
+def _privileged(engine: str, extra: dict[str, str]) -> dict[str, Any]:
+    from tests.bundles import ALLOW_ALL
+    from tests.k8s_shapes import control_devs, gpu_dev
+
+    cfg = pod_config(engine, rules=ALLOW_ALL, devices=[*(gpu_dev(i) for i in GPUS), *control_devs()])
+    cfg["annotations"].update(extra)
+    return cfg
+
+
+@pytest.mark.parametrize("engine", ["crio", "containerd"])
+def test_a_privileged_pod_with_an_allocation_is_narrowed_whatever_the_other_engines_keys(
+    engine: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """The issue's escape: a privileged pod allocated GPU 2 adds the other engine's UID key and
+    was "left alone" with every GPU (no request of an untrusted identity is the plugin's)."""
+    cfg = _privileged(engine, OTHER_ENGINES_KEY[engine])
+    rep = run(tmp_path, node, cfg, capsys, ckpt=victim_allocation())
+    assert rep["verdict"] == "apply", rep["reason"]
+    assert rep["kubernetes"]["checkpoint_state"] == "read" and rep["kubernetes"]["identity_problem"] == ""
+    kept = {n["path"] for n in rep["keeps"] if n["major"] == 195}
+    assert kept == {f"/dev/nvidia{GPUS[2].minor}", "/dev/nvidiactl"}, rep["keeps"]
+
+
+def unmarked(engine: str, cid: str = CONTAINER_ID) -> dict[str, str]:
+    """Identity keys without the engine's own marks (no ContainerID / sandbox-id): untrusted."""
+    ann = annotations(engine, cid=cid)
+    ann.pop("io.kubernetes.cri.sandbox-id", None)
+    ann.pop("io.kubernetes.cri-o.ContainerID", None)
+    return ann
+
+
+@pytest.mark.parametrize(("policy", "verdict"), [("narrow", "apply"), ("reject", "deny")])
+@pytest.mark.parametrize("engine", ["crio", "containerd"])
+def test_a_privileged_container_with_no_trusted_identity_is_narrowed_or_refused(
+    engine: str, policy: str, verdict: str, tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """No trusted identity is a pod the kubelet allocated nothing: a privileged one loses every GPU
+    (or is refused under ``privileged_allocation: reject``), and the reason says which."""
+    from tests.bundles import settings_file, simulate, write_bundle
+
+    cfg = _privileged(engine, {})
+    cfg["annotations"] = unmarked(engine)
+    ckpt = tmp_path / "kubelet_internal_checkpoint"
+    ckpt.write_bytes(victim_allocation())  # the very pod's allocation: unread without an identity
+    settings = settings_file(tmp_path, kubelet_checkpoint=str(ckpt), privileged_allocation=policy)
+    args = ["--driver-root", str(node["root"]), "--cdi-spec-dir", str(node["cdi"]), "--config", str(settings)]
+    rc, rep, err = simulate(write_bundle(tmp_path / "bundle", cfg), *args, capsys=capsys)
+    assert err == "" and rc == (0 if verdict == "apply" else 3), (rc, err)
+    assert rep["kubernetes"]["checkpoint_state"] == "untrusted"
+    assert rep["verdict"] == verdict, rep["reason"]
+    assert "no trusted pod identity" in rep["reason"]
+    if verdict == "apply":
+        assert rep["reason"].startswith("narrowed a privileged container")
+        assert {("c", 195, g.minor) for g in GPUS.values()} <= {
+            (r["type"], r["major"], r["minor"]) for r in rep["cgroup"] if not r["allow"]
+        }
+        assert [n["path"] for n in rep["keeps"] if n["major"] == 195] == ["/dev/nvidiactl"]
+    else:
+        assert "(policy: reject)" in rep["reason"] and rep["keeps"] == []
+
+
+def test_a_privileged_pod_with_no_allocation_and_a_trusted_identity_is_still_left_alone(
+    tmp_path: Path, node: dict[str, Path], capsys: Any
+) -> None:
+    """DinD and tooling pods: no allocation is no narrowing, the other engine's keys or not."""
+    rep = run(tmp_path, node, _privileged("crio", OTHER_ENGINES_KEY["crio"]), capsys)
+    assert rep["verdict"] == "none" and rep["cgroup"] == [] and "left alone" in rep["reason"]

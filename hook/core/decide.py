@@ -29,6 +29,7 @@ from hook.core.settings import MigManagement, Policy, Settings
 
 __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
 
+
 @record
 class Inputs:
     container_id: str
@@ -161,9 +162,7 @@ def _additions(
     return rules, create, replace
 
 
-def _narrowing(
-    inputs: Inputs, within: Scope, privileged: bool
-) -> tuple[list[Rule], list[str], list[str]]:
+def _narrowing(inputs: Inputs, within: Scope, privileged: bool) -> tuple[list[Rule], list[str], list[str]]:
     """Deny every accelerator and NVIDIA-class node outside the scope; one exact rule each (v1
     cannot re-allow inside a denied wildcard), and remove the ones the engine put in the
     container. The third value names the denied nodes, so the log says what was denied.
@@ -257,7 +256,10 @@ def decide(inputs: Inputs) -> Plan:
         return _plan(Verdict.DENY, refusal, warnings)
     reqs = inputs.requests
     plugin_widened = (reqs.from_plugin or reqs.bounded) and facts.widened
-    if facts.privileged and not reqs.from_plugin:
+    # A privileged pod with no allocation (DinD, tooling) has all devices on purpose; one with no
+    # trusted identity is a pod the kubelet allocated nothing, never freer than a trusted one.
+    untrusted = reqs.kubelet is not None and reqs.kubelet.state == UNTRUSTED
+    if facts.privileged and not reqs.from_plugin and not untrusted:
         return _plan(
             Verdict.NONE,
             "privileged container without a plugin allocation: all devices on purpose, left alone",
@@ -287,10 +289,10 @@ def decide(inputs: Inputs) -> Plan:
     remove = sorted({*remove, *replaced})
     create, remove = _off_host_dev(inputs, create, remove, warnings)
     if not (rules or create or remove):
-        if plugin_widened:  # only audit gets here: narrowing always denies
-            why = (
-                f"widened beyond its {_allocation(reqs)}; left as is (policy: audit)"
-            )
+        if plugin_widened and inputs.settings.privileged_allocation is Policy.AUDIT:
+            why = f"widened beyond its {_allocation(reqs)}; left as is (policy: audit)"
+        elif plugin_widened:
+            why = f"widened beyond its {_allocation(reqs)}; no accelerator node outside it is on this node"
         elif not reqs.items and reqs.ignored_env:
             why = f"no device requested: {' and '.join(reqs.ignored_env)} is no request here (see warnings)"
         elif not reqs.items:

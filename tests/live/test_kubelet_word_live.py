@@ -19,7 +19,7 @@ from tests.k8s_shapes import GPUS, nvidia_runtime, write_cdi
 from tests.live.livekit import Bundle, parse_probe, probe_args, run_container
 from tests.live.test_k8s_live import GPU_NODES, MINORS, PLANTED, V1V2, gpu2_entry, last_log, opens, pod
 from tests.test_kubelet_word import sandbox_annotations
-from tests.test_pod_identity import VICTIM_KEYS_CONTAINERD, attacker
+from tests.test_pod_identity import OTHER_ENGINES_KEY, unmarked
 
 UUID2 = GPUS[2].uuid
 ALL = {"cdi.k8s.io/x": "nvidia.com/gpu=all"}
@@ -97,16 +97,7 @@ def test_a_privileged_pods_own_annotation_keeps_only_its_allocated_gpu(
     bundle_dir: Path, node: dict[str, Path], cgroup2: bool
 ) -> None:
     """Privileged (every GPU in linux.devices, allow-all), allocated GPU 2; its annotation names GPU 0."""
-    resp = alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": UUID2})
-    b = pod(
-        bundle_dir,
-        node,
-        cri_env=[f"NVIDIA_VISIBLE_DEVICES={UUID2}"],
-        extra_annotations={"cdi.k8s.io/x": "nvidia.com/gpu=0"},
-        ckpt=gpu2_entry(resp),
-        runtime="cdi",
-    )
-    b.config["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
+    b = _privileged_pod(bundle_dir, node, "containerd", {"cdi.k8s.io/x": "nvidia.com/gpu=0"})
     res = run_container(probing(b), cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     seen = parse_probe(res.stdout)
@@ -119,16 +110,68 @@ def test_a_privileged_pods_own_annotation_keeps_only_its_allocated_gpu(
 def test_no_trusted_identity_is_narrowed_to_nothing(
     bundle_dir: Path, node: dict[str, Path], shape: str, cgroup2: bool
 ) -> None:
-    """A CRI-O pod naming a victim through containerd's keys, every GPU over-granted."""
+    """A pod's identity keys without CRI-O's own mark, every GPU over-granted."""
     b = pod(bundle_dir, node, engine="crio", cri_env=["NVIDIA_VISIBLE_DEVICES=all"], ckpt=checkpoint([]))
-    cid = b.config["linux"]["cgroupsPath"].rsplit("/", 1)[-1].removeprefix("crio-")
-    b.config["annotations"] = attacker("crio", VICTIM_KEYS_CONTAINERD, cid=cid)
     nvidia_runtime(b.config, "cdi", list(GPUS), "/bin/true")
     if shape == "own-rules":  # a DeviceSpec-like grant: the rules alone, nothing in the env
         b.config["process"]["env"] = [e for e in b.config["process"]["env"] if "VISIBLE" not in e]
+    untrusted_opens_no_gpu(b, "crio", node, cgroup2)
+
+
+def untrusted_opens_no_gpu(b: Bundle, engine: str, node: dict[str, Path], cgroup2: bool) -> None:
+    """``b`` with its engine's identity keys but without the engine's own mark, run: no GPU opens,
+    and its log line says it was narrowed for want of a trusted identity."""
+    cid = b.config["linux"]["cgroupsPath"].rsplit("/", 1)[-1].removeprefix("crio-")
+    b.config["annotations"] = unmarked(engine, cid)
     res = run_container(probing(b), cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     no_gpu(parse_probe(res.stdout))
     record = last_log(node)
     assert record["verdict"] == "apply" and record["kubernetes"]["checkpoint_state"] == "untrusted"
     assert "no trusted pod identity" in record["reason"]
+
+
+# --- issue 36 item 2: untrusted is never freer than trusted ------------------------------------------
+
+
+def _privileged_pod(bundle_dir: Path, node: dict[str, Path], engine: str, extra: dict[str, str]) -> Bundle:
+    """Privileged (every GPU in linux.devices, allow-all), allocated GPU 2 by the kubelet."""
+    resp = alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": UUID2})
+    b = pod(
+        bundle_dir,
+        node,
+        engine=engine,
+        cri_env=[f"NVIDIA_VISIBLE_DEVICES={UUID2}"],
+        extra_annotations=extra,
+        ckpt=gpu2_entry(resp),
+        runtime="cdi",
+    )
+    b.config["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
+    return b
+
+
+@pytest.mark.parametrize("engine", ["containerd", "crio"])
+@V1V2
+def test_a_privileged_pod_with_an_allocation_keeps_only_it_whatever_the_other_engines_key(
+    bundle_dir: Path, node: dict[str, Path], engine: str, cgroup2: bool
+) -> None:
+    """The issue's escape: one pod annotation naming the other engine's UID made the identity
+    "untrusted", and the privileged pod was left alone with every GPU."""
+    b = _privileged_pod(bundle_dir, node, engine, OTHER_ENGINES_KEY[engine])
+    res = run_container(probing(b), cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    seen = parse_probe(res.stdout)
+    assert opened_anywhere(seen) == {GPUS[2].minor}, seen
+    assert opens(seen) == {GPUS[2].minor}, seen
+    record = last_log(node)
+    assert record["verdict"] == "apply" and record["kubernetes"]["checkpoint_state"] == "read"
+
+
+@pytest.mark.parametrize("engine", ["containerd", "crio"])
+@V1V2
+def test_a_privileged_container_with_no_trusted_identity_opens_no_gpu(
+    bundle_dir: Path, node: dict[str, Path], engine: str, cgroup2: bool
+) -> None:
+    """Identity keys without the engine's own marks: a pod the kubelet allocated nothing, never a
+    privileged container left alone (the checkpoint's GPU 2 for this very pod is not consulted)."""
+    untrusted_opens_no_gpu(_privileged_pod(bundle_dir, node, engine, {}), engine, node, cgroup2)

@@ -17,9 +17,11 @@ cgroup ``crio-<id>`` (cgroupfs) or ``<slice>:crio:<id>`` (systemd) and writes th
 ``internal/annotations/annotations.go``); containerd's CRI plugin uses ``<parent>/<id>`` or
 ``<slice>:cri-containerd:<id>`` with a 64-hex id and always writes
 ``io.kubernetes.cri.sandbox-id`` (``getCgroupsPath``, ``DefaultCRIAnnotations``). Only that
-engine's keys are read. When the other engine's identity keys are present and disagree, or pod
-identity keys come without any engine's marks, there is no trusted identity: the caller counts
-no allocation, ignores every request, narrows every over-grant and says why.
+engine's keys are read: the other engine's keys are a pod's own annotations, so they never name
+the pod, and never unmake the identity either (a pod that could make itself "untrusted" would
+choose its own decision; issue 36). Pod identity keys without either engine's marks are no
+trusted identity: the caller counts no allocation, ignores every request, narrows every
+over-grant (a privileged container's too) and says why.
 
 The pod's sandbox (pause) container is told the same way, by its engine's own key alone:
 containerd's ``io.kubernetes.cri.container-type`` and CRI-O's ``io.kubernetes.cri-o.ContainerType``
@@ -97,9 +99,6 @@ def _values(annotations: Mapping[str, str], engine: str) -> tuple[str, ...]:
     return tuple(annotations.get(k, "") for k in KEYS[engine])
 
 
-_FIELDS = ("pod UID", "container name", "namespace", "pod name")
-
-
 def identify(annotations: Mapping[str, str], cgroups_path: str) -> Identity:
     """The container's pod as its own engine wrote it (see the module rule)."""
     engine, cid = cgroup_engine(cgroups_path)
@@ -119,17 +118,7 @@ def identify(annotations: Mapping[str, str], cgroups_path: str) -> Identity:
             problem=f"{keys} pod identity keys, but neither engine's own marks with a matching "
             f"linux.cgroupsPath ({cgroups_path or 'none'}): the engine cannot be told",
         )
-    own = present[engine]
-    other = present[CRIO if engine == CONTAINERD else CONTAINERD]
-    clash = [f for f, a, b in zip(_FIELDS, own, other, strict=True) if b and a != b]
-    if clash:
-        return Identity(
-            engine=engine,
-            pod=None,
-            problem=f"the other engine's pod identity keys disagree with {engine}'s on the "
-            f"{' and '.join(clash)}: no pod identity is trusted",
-        )
-    uid, container, namespace, name = own
+    uid, container, namespace, name = present[engine]  # the other engine's keys are a pod's word
     if annotations.get(CONTAINER_TYPE[engine]) == "sandbox":  # no container name: the pod's own
         pod = Pod(uid=uid, container="", namespace=namespace, name=name)
         return Identity(engine=engine, pod=pod, sandbox=True)
