@@ -120,7 +120,10 @@ class Answerer:
             return wire.DECLINE, f"the decider failed ({type(exc).__name__}); decide in-process".encode()
         from hook.routes.decision import to_wire
 
-        return wire.ANSWER, to_wire(decision)
+        data = to_wire(decision)
+        if len(data) > wire.MAX_ANSWER:  # the hook refuses it unread: say so at once instead
+            return wire.DECLINE, f"an answer of {len(data)} bytes is past the cap; decide in-process".encode()
+        return wire.ANSWER, data
 
     def _off(self) -> bool:
         from pathlib import Path

@@ -22,9 +22,11 @@ import os
 
 from hook.routes import wire
 
-__all__ = ["DECIDE_TIMEOUT", "TIMEOUT_ENV", "ask", "decide_timeout", "status", "where"]
+__all__ = ["ANSWER_LIMITS", "DECIDE_TIMEOUT", "TIMEOUT_ENV", "ask", "decide_timeout", "status", "where"]
 
-DECIDE_TIMEOUT = 0.4  # connect, send and the answer all within this; else in-process
+DECIDE_TIMEOUT = 0.4  # connect, send and the answer all within this (one deadline); else in-process
+ANSWER_LIMITS = {wire.ANSWER: wire.MAX_ANSWER, wire.DECLINE: wire.MAX_DECLINE}  # else refused unread
+PROOF_LIMITS = {wire.MAC: wire.MAX_PROOF}
 TIMEOUT_ENV = "OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS"  # the hook's environment may set 50..5000
 
 
@@ -87,12 +89,11 @@ def ask(
         body = head + wire.frame(wire.MAC, wire.mac(key, b"head", head))
         body += b"".join(wire.frame(kind, payload) for kind, payload in parts)
         tag = wire.mac(key, b"request", body)
-        try:
+        try:  # one deadline: the send (a whole sendall) and every read get only the time left
+            wire.left_for(sock, deadline)
             sock.sendall(body + wire.frame(wire.MAC, tag))  # type: ignore[attr-defined]
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))  # type: ignore[attr-defined]
-            kind, payload = wire.read_frame(sock)
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))  # type: ignore[attr-defined]
-            mkind, proof = wire.read_frame(sock, 64)
+            kind, payload = wire.read_frame(sock, ANSWER_LIMITS, deadline)
+            mkind, proof = wire.read_frame(sock, PROOF_LIMITS, deadline)
         except (OSError, ValueError) as exc:
             return "fallback", _why(exc, limit)
         if mkind != wire.MAC or not wire.same(proof, wire.mac(key, b"answer", tag, kind, payload)):

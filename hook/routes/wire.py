@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "KEY_DIR", "KEY_NAME", "SOCKET_DIR", "SOCKET_NAME", "fingerprint", "frame", "mac", "make_key",
-    "read_frame", "read_key", "same",
+    "KEY_DIR", "KEY_NAME", "MAX_ANSWER", "MAX_DECLINE", "MAX_PROOF", "SOCKET_DIR", "SOCKET_NAME",
+    "fingerprint", "frame", "left_for", "mac", "make_key", "read_frame", "read_key", "same",
 ]  # fmt: skip
 
 SOCKET_DIR = "/run/oci-device-hook"
@@ -29,6 +29,12 @@ KEY_BYTES = 32
 MAGIC = b"oci-device-hook"
 PROTOCOL = b"2"
 MAX_FRAME = 24 << 20  # a config.json (16 MiB at most) and its state fit
+# What an answer can be, checked before its body is read: a decision (a decided config.json of 16 MiB
+# at most, as a JSON string, with its record; the decider declines a larger one), a decline's one
+# line, the proof's MAC.
+MAX_ANSWER = 24 << 20
+MAX_DECLINE = 4096
+MAX_PROOF = 64
 REQUEST, STATE, CONFIG, FACTS, MAC = b"Q", b"S", b"C", b"F", b"M"
 ANSWER, DECLINE = b"A", b"D"
 ROUTES = (b"live", b"precreate", b"status")
@@ -39,25 +45,42 @@ def frame(kind: bytes, payload: bytes) -> bytes:
     return kind + len(payload).to_bytes(4, "big") + payload
 
 
-def read_frame(sock: object, limit: int | dict[bytes, int] = MAX_FRAME) -> tuple[bytes, bytes]:
+def read_frame(
+    sock: object, limit: int | dict[bytes, int] = MAX_FRAME, deadline: float | None = None
+) -> tuple[bytes, bytes]:
     """One frame from ``sock`` (anything with ``recv``); ``ValueError`` on EOF or a frame over
-    ``limit`` (a number, or one per kind: a kind not named there is refused before its payload)."""
-    head = _exactly(sock, 5)
+    ``limit`` (a number, or one per kind: a kind not named there is refused before its payload).
+    With a ``deadline`` (``time.monotonic()``), each read waits only for the time left (``settimeout``
+    before every ``recv``) and ``TimeoutError`` is raised once it has passed: a peer that sends one
+    byte at a time cannot stretch the exchange past it."""
+    head = _exactly(sock, 5, deadline)
     size = int.from_bytes(head[1:], "big")
     if size > (limit if isinstance(limit, int) else limit.get(head[:1], -1)):
         raise ValueError(f"frame of {size} bytes")
-    return head[:1], _exactly(sock, size)
+    return head[:1], _exactly(sock, size, deadline)
 
 
-def _exactly(sock: object, n: int) -> bytes:
+def _exactly(sock: object, n: int, deadline: float | None = None) -> bytes:
     chunks: list[bytes] = []
     while n:
+        if deadline is not None:
+            left_for(sock, deadline)
         chunk = sock.recv(min(n, 1 << 20))  # type: ignore[attr-defined]
         if not chunk:
             raise ValueError("connection closed")
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
+
+
+def left_for(sock: object, deadline: float) -> None:
+    """The socket's timeout set to the time left before ``deadline``; ``TimeoutError`` when none is."""
+    from time import monotonic
+
+    left = deadline - monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    sock.settimeout(left)  # type: ignore[attr-defined]
 
 
 def mac(key: bytes, *parts: bytes) -> bytes:
