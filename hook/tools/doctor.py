@@ -16,6 +16,7 @@ from hook.tools.checks import LIBEXEC, Check, render
 from hook.tools.doctorcrun import crun_line
 from hook.tools.doctorctd import check_base_spec, check_node
 from hook.tools.doctorhooks import check_hooks, check_hooks_order
+from hook.tools.doctornri import nri_checks
 from hook.tools.doctorpython import check_interpreter
 
 REQUIRED_MAJORS = ("nvidia", "nvidia-uvm", "nvidia-caps")
@@ -176,8 +177,9 @@ def check_decider() -> Check:
     if got.get("unauthenticated"):  # requests without the node key: something on this node tried
         detail += f", {got.get('unauthenticated')} without the node key (a container reaching /run?)"
     if got.get("version") != VERSION:
-        return Check("decider", False, f"{detail}; this hook is {VERSION}",
-                     "systemctl restart oci-device-hook-decider")
+        return Check(
+            "decider", False, f"{detail}; this hook is {VERSION}", "systemctl restart oci-device-hook-decider"
+        )
     return Check("decider", True, detail)
 
 
@@ -228,13 +230,19 @@ def run_doctor(
     containerd, config = check_node(host_root, proc or host_root / "proc", prefix, containerd_config)
     engines = [check_hooks(hooks_dirs), check_hooks_order(hooks_dirs, prefix), containerd]
     used = containerd.ok and not containerd.warn and config.exists()
-    if not engines[0].ok and used:
+    nri, on_nri = nri_checks(
+        host_root, proc or host_root / "proc", config, settings_file, used, engines[0].ok
+    )
+    if on_nri and not containerd.ok:  # the operator chose the NRI route for containerd
+        engines[2] = Check("containerd", True, f"not used: {containerd.detail} (the NRI route decides)")
+    if not engines[0].ok and (used or on_nri):
         engines[0] = Check(engines[0].name, True, f"not used: {engines[0].detail} (containerd is registered)")
     checks = [
         check_driver(driver_root),
         check_cdi(spec_dirs),
         check_cgroup(mounts_file),
         *engines,
+        *nri,
         *check_base_spec(config, prefix),
         check_settings(settings_file),
         check_kubelet(settings_file, host_root),
