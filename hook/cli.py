@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from hook.core.errors import HookError
+from hook.tools.nricmd import nri_cmd
 
 __all__ = ["run", "cli"]
 
@@ -394,3 +395,6 @@ def run(argv: list[str]) -> int:
 
         sys.stderr.write(f"hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
         return 1
+
+
+cli.add_command(nri_cmd)  # `hook nri`, the NRI route's daemon

@@ -14,7 +14,7 @@ import sys
 
 from hook.routes.fastpath import MAX_CONFIG, MAX_STATE, look_at, precreate_fast, read_limited
 
-TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "metrics", "settings", "serve"})
+TOOLS = frozenset({"inventory", "cdi", "doctor", "log", "metrics", "settings", "serve", "nri"})
 LIVE_STAGES = frozenset({"prestart", "createRuntime"})
 OTHER_STAGES = frozenset({"createContainer", "startContainer", "poststart", "poststop"})
 VALUE_OPTIONS = frozenset({"--config", "--driver-root", "--cdi-spec-dir", "--inventory", "--format"})

@@ -40,6 +40,7 @@ SHELL = {
     "tools/install/node.py",  # say(): the installer's one-line messages
     "routes/serve.py",
     "routes/wrapper.py",
+    "routes/nri/daemon.py",  # `hook nri`: one stderr line when registered, dropped, or a late narrowing
     "routes/act.py",  # the one apply-and-log step: writes the decision's stderr text and exit
 }
 

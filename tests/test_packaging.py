@@ -90,6 +90,7 @@ def test_default_config_has_every_key_commented_out() -> None:
         "env_trusted_namespaces", "gpu_resources",
         "mig_management", "cap_access", "log_file", "log_max_bytes", "cache_dir",
         "runtime", "driver_root", "cdi_spec_dirs", "decider", "metrics_textfile",
+        "nri_socket", "nri_plugin_name", "nri_plugin_index",
     }  # fmt: skip
     assert keys == expected
 

@@ -122,6 +122,9 @@ class Settings:
     cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")  # --cdi-spec-dir wins when given
     decider: DeciderMode = DeciderMode.AUTO
     metrics_textfile: str = ""  # "": none; `hook metrics --textfile` writes it (a *.prom file or its dir)
+    nri_socket: str = "/var/run/nri/nri.sock"  # `hook nri`: the runtime's NRI socket (it listens)
+    nri_plugin_name: str = "oci-device-hook"  # `hook nri` registers as <index>-<name> (required_plugins)
+    nri_plugin_index: str = "90"  # two digits; plugins are called in index order: after injectors
 
     @property
     def default_cdi_kind(self) -> str:
@@ -187,6 +190,16 @@ def convert(key: str, value: Any, source: str) -> Any:
         return value
     if key == "runtime":
         return _runtime(value, source)
+    if key == "nri_plugin_name":
+        if not isinstance(value, str) or not value or not set(value) <= NAME_CHARS or len(value) > 64:
+            raise InputError(source, key, "expected a plugin name (letters, digits, _.-; at most 64)")
+        return value
+    if key == "nri_plugin_index":
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 99:
+            value = f"{value:02d}"
+        if not isinstance(value, str) or len(value) != 2 or not value.isdigit():
+            raise InputError(source, key, "expected two digits, 00 to 99")
+        return value
     if key == "metrics_textfile" and value == "":
         return value  # no textfile (the default)
     if key == "kubelet_dra_state" and value == "":
@@ -206,6 +219,7 @@ def convert(key: str, value: Any, source: str) -> Any:
 
 
 # What the runtime wrapper (packaging/runtime, POSIX sh) can read back without a YAML parser.
+NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 RUNTIME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-/")
 
 

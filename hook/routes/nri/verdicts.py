@@ -1,0 +1,218 @@
+"""What the daemon answers at CreateContainer and does at StartContainer (or Synchronize), decided on
+the same core as every route: NRI's container as a config, then gather, decide, report.
+
+Rule: the two halves split by who acts.
+- **Create** only answers: the nodes to add (the runtime creates them and appends an allow rule
+  for each, ``rw``, ``rwm`` for a block device) and, where the runtime applies rules from an
+  adjustment (NRI >= 0.10, ``Ctx.rules_applied``), the plan's rules with the trims that bring those
+  automatic allows down to the plan's access. A ``deny`` verdict is an error status with the one
+  line every route prints. NRI cannot remove a device at create (silently dropped in every
+  version) and does not carry capabilities, so create assumes ``CAP_SYS_ADMIN`` for management
+  caps and start checks it.
+- **Start** (and a late narrowing at Synchronize) decides again on the started container with
+  the bounding set read from its checked process (``hook.routes.nri.target``), refuses a ``deny``
+  and applies only what narrows: the deny rules and trims (cgroup v1 writes, v2 eBPF) and the node
+  removals, through ``hook.adapters.apply.transaction`` as the live hook does. It never creates
+  a node or writes an allow rule: a grant comes only from the create answer, which the runtime
+  applies, so a peer posing as the runtime can narrow a container it names truly, never widen one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from hook.core.errors import HookError, InputError
+from hook.core.escape import clean
+from hook.core.plan import Node, Plan, Verdict
+from hook.core.record import field, record, replace
+from hook.core.rules import Access, DeviceType, Rule
+from hook.routes.nri.messages import Container, Pod, adjustment
+from hook.routes.nri.spec import SYS_ADMIN, oci_config
+from hook.routes.options import Options
+from hook.sources.settingsfile import DEFAULT_PATH, Settings, load_settings
+
+__all__ = ["Answer", "Ctx", "on_create", "on_start", "trims"]
+
+PERMISSION_DENIED, FAILED_PRECONDITION = 7, 9  # google.rpc.Code
+
+
+@record
+class Ctx:
+    """What every decision of one session shares."""
+
+    options: Options = field(default_factory=Options)
+    rules_applied: bool = False  # the runtime applies device-cgroup rules from an adjustment
+    proc: Path = Path("/proc")
+
+
+@record
+class Answer:
+    code: int = 0  # google.rpc.Code for the response; 0: OK
+    message: str = ""  # the error status's one line
+    payload: bytes = b""
+    record: dict[str, Any] | None = None  # the log record, unstamped (None: nothing to log)
+    settings: Settings | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    cgroups_path: str = ""
+    trims: tuple[Rule, ...] = ()  # create: what start must take back from the runtime's allows
+    narrows: bool = False  # create: start has something to apply
+
+
+def _settings(ctx: Ctx) -> Settings:
+    path = ctx.options.settings_file
+    return load_settings(path or DEFAULT_PATH, required=path is not None)
+
+
+def trims(
+    create: tuple[Node, ...], config_rules: tuple[Rule, ...], plan_rules: tuple[Rule, ...]
+) -> tuple[Rule, ...]:
+    """Denies taking back what the runtime's automatic allow for each added node grants beyond
+    what the config's rules and the plan's give it (NRI appends ``rw`` for a char node, ``rwm``
+    for a block one, whatever its mode, between the two)."""
+    from hook.core.rules import evaluate
+
+    out = []
+    for n in create:
+        kind = DeviceType(n.type)
+        auto = Access.R | Access.W | (Access.M if n.type == "b" else Access.NONE)
+        added = Rule(allow=True, type=kind, major=n.major, minor=n.minor, access=auto)
+        extra = Access.NONE
+        for bit in (Access.R, Access.W, Access.M):
+            meant = evaluate((*config_rules, *plan_rules), kind, n.major, n.minor, bit)
+            if evaluate((*config_rules, added, *plan_rules), kind, n.major, n.minor, bit) and not meant:
+                extra |= bit
+        if extra:
+            out.append(Rule(allow=False, type=kind, major=n.major, minor=n.minor, access=extra))
+    return tuple(out)
+
+
+def _needs_decision(doc: dict[str, Any], settings: Settings) -> bool:
+    from hook.routes.fastpath import needs_decision
+
+    return needs_decision(
+        doc, doc["annotations"], settings.cdi_annotation_prefixes, settings.volume_mount_root
+    )
+
+
+def _decide(
+    pod: Pod, c: Container, bounding: frozenset[str], settings: Settings, ctx: Ctx, source: str
+) -> tuple[Any, Plan, dict[str, Any]]:
+    from hook.core.decide import decide
+    from hook.core.oci import parse_config_object
+    from hook.core.report import build_report
+    from hook.routes.gather import inputs_for_config, resolved
+
+    doc = oci_config(pod, c, bounding, settings.cdi_annotation_prefixes[0])
+    config = parse_config_object(doc, source, "")
+    options = resolved(replace(ctx.options, settings=settings), settings)
+    inputs = inputs_for_config(config, {}, c.id, options)
+    plan = decide(inputs)
+    return inputs, plan, build_report(inputs, plan)
+
+
+def _plain(pod: Pod, c: Container, settings: Settings | None) -> bool:
+    """The container asks for no device and is not widened under these settings (defaults when
+    they do not load: a container like that always starts)."""
+    s = settings or Settings()
+    return not _needs_decision(oci_config(pod, c, frozenset(), s.cdi_annotation_prefixes[0]), s)
+
+
+def _where(c: Container, settings: Settings | None) -> dict[str, Any]:
+    return {"settings": settings, "annotations": dict(c.annotations), "cgroups_path": c.cgroups_path}
+
+
+def _error(exc: HookError, c: Container, settings: Settings | None, stage: str, **extra: Any) -> Answer:
+    record = {"verdict": "error", "stage": stage, "container": {"id": c.id}, "error": str(exc), **extra}
+    return Answer(
+        code=FAILED_PRECONDITION, message=f"oci-device-hook: {exc}", record=record, **_where(c, settings)
+    )
+
+
+def on_create(pod: Pod, c: Container, ctx: Ctx) -> Answer:
+    """The CreateContainer answer (see the module rule)."""
+    t0 = time.monotonic()
+    settings: Settings | None = None
+    try:
+        settings = _settings(ctx)
+        if _plain(pod, c, settings):
+            return Answer()
+        inputs, plan, report = _decide(pod, c, frozenset({SYS_ADMIN}), settings, ctx, "NRI CreateContainer")
+    except HookError as exc:
+        if _plain(pod, c, settings):
+            return Answer(record=None)
+        return _error(exc, c, settings, "create")
+    report["stage"] = "create"
+    report["duration_ms"] = round((time.monotonic() - t0) * 1000, 3)
+    if plan.verdict is Verdict.DENY:
+        line = f"oci-device-hook: deny: {clean(plan.reason)}"
+        return Answer(code=PERMISSION_DENIED, message=line, record=report, **_where(c, settings))
+    cut = trims(plan.create, inputs.config.resource_rules, plan.rules)
+    rules = (*plan.rules, *cut) if ctx.rules_applied else ()
+    narrows = bool(plan.remove) or any(not r.allow for r in plan.rules) or bool(cut)
+    return Answer(payload=adjustment(plan.create, rules), record=report if plan.changes else None, trims=cut,
+                  narrows=narrows, **_where(c, settings))  # fmt: skip
+
+
+def on_start(pod: Pod, c: Container, ctx: Ctx, *, late: bool = False, cut: tuple[Rule, ...] = ()) -> Answer:
+    """Check the process, decide again with its capabilities, apply what narrows (module rule)."""
+    t0 = time.monotonic()
+    settings: Settings | None = None
+    stage = "synchronize" if late else "start"
+    extra: dict[str, Any] = {"late": True} if late else {}
+    source = f"NRI {'Synchronize' if late else 'StartContainer'}"
+    try:
+        settings = _settings(ctx)
+        if _plain(pod, c, settings) and not cut:
+            return Answer()
+    except HookError as exc:
+        if _plain(pod, c, settings):
+            return Answer()
+        return _error(exc, c, settings, stage, **extra)
+    from hook.routes.nri.target import alive, check_pid
+
+    checked = None
+    try:
+        if c.pid <= 0:
+            raise InputError(source, "pid", "missing: the runtime sent no pid")
+        checked = check_pid(c.pid, c.id, c.cgroups_path, source, ctx.proc)
+        inputs, plan, report = _decide(pod, c, checked.bounding, settings, ctx, source)
+        report.update(stage=stage, **extra)
+        if plan.verdict is Verdict.DENY:
+            line = f"oci-device-hook: deny: {clean(plan.reason)}"
+            if late:
+                raise InputError(
+                    source, "verdict", f"started while the daemon was away, and refused now: {plan.reason}"
+                )
+            return Answer(code=PERMISSION_DENIED, message=line, record=report, **_where(c, settings))
+        rules = (*(r for r in plan.rules if not r.allow), *cut)
+        narrowing = Plan(verdict=plan.verdict, reason=plan.reason, rules=rules, remove=plan.remove)
+        if not narrowing.changes:
+            return Answer(record=report if plan.changes else None, **_where(c, settings))
+        from hook.adapters.apply.transaction import apply_plan
+
+        applied = apply_plan(
+            narrowing, checked.pid, rootfs=None, target=checked.target, host_dev=tuple(inputs.host_dev)
+        )
+        if not alive(checked.pidfd):
+            raise InputError(source, "pid", f"{checked.pid} exited while it was narrowed")
+        report.update(
+            cgroup_version=applied.cgroup_version,
+            program_ids=applied.program_ids,
+            namespaces=checked.namespaces,
+        )
+        report["duration_ms"] = round((time.monotonic() - t0) * 1000, 3)
+        if plan.create:
+            report["warnings"] = [
+                *report.get("warnings", ()),
+                "nodes to add are added at create only (none at start)",
+            ]
+        return Answer(record=report, **_where(c, settings))
+    except HookError as exc:
+        return _error(exc, c, settings, stage, **extra)
+    finally:
+        if checked is not None:
+            import os
+
+            os.close(checked.pidfd)

@@ -1,0 +1,161 @@
+"""``hook nri`` against a fake runtime on a scratch socket: registration, the create answers, the
+protocol's bounds, and a peer posing as the runtime (issue 34 items 1, 2, 5, 6).
+
+The daemon runs in a thread of this test process, which conftest has moved into a private mount
+namespace with its own /run and /var/log; its settings put the log and caches under tmp_path."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import nrifake as f
+from tests.bundles import CONTAINER, POD_UID, checkpoint, checkpoint_entry, settings_file
+from tests.hosttree import make_host_tree
+
+NVIDIA = 195
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    make_host_tree(root, "8x-mig", mknod=False)
+    return root
+
+
+def _settings(tmp_path: Path, node: Path, **kw: Any) -> Path:
+    ck = tmp_path / "kubelet_internal_checkpoint"
+    ck.write_bytes(checkpoint([checkpoint_entry("nvidia.com/gpu", ["1"])]))
+    return settings_file(tmp_path, driver_root=str(node), kubelet_checkpoint=str(ck), **kw)
+
+
+class Bed:
+    def __init__(self, tmp_path: Path, config: Path, sessions: int = 1) -> None:
+        self.sock = tmp_path / "nri.sock"
+        self.rt = f.FakeRuntime(self.sock)
+        self.log = tmp_path / "hook.log"
+        self.daemon = f.start_daemon(self.sock, config, sessions=sessions, sleep=lambda _s: None)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+
+@pytest.fixture
+def bed(tmp_path: Path, node: Path) -> Iterator[Bed]:
+    b = Bed(tmp_path, _settings(tmp_path, node))
+    yield b
+    b.rt.close()
+    b.daemon.join(10)
+
+
+def _pod() -> bytes:
+    return f.pod(uid=POD_UID, name="trainer", namespace="ml")
+
+
+def _gpus(n: int = 8) -> list[bytes]:
+    return [f.device(f"/dev/nvidia{i}", "c", NVIDIA, i) for i in range(n)]
+
+
+def _privileged(**kw: Any) -> bytes:
+    return f.event(_pod(), f.container(name=CONTAINER, rules=[f.rule(True)], devices=_gpus(), **kw))
+
+
+def test_registers_and_subscribes_configure_before_the_register_reply(bed: Bed) -> None:
+    reg = bed.rt.accept()
+    assert (reg.service, reg.method) == ("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin")
+    fields = f.decode(reg.payload)
+    assert (fields.text(1), fields.text(2)) == ("oci-device-hook", "90")
+    answer = bed.rt.call("Configure", f.configure())  # before RegisterPlugin's reply
+    bed.rt.reply_register()
+    events = f.decode(answer.payload).uint(2)
+    assert events == sum(1 << (e - 1) for e in (4, 6, 10, 11))  # create, start, stop, remove
+    assert bed.rt.call("Synchronize", f.synchronize([], [])).code == 0
+
+
+def test_plain_container_gets_no_adjustment_and_no_line(bed: Bed) -> None:
+    bed.rt.handshake()
+    r = bed.rt.call("CreateContainer", f.event(_pod(), f.container(name=CONTAINER, env=["PATH=/bin"])))
+    assert (r.code, r.payload) == (0, b"")
+    assert bed.records() == []
+
+
+def test_privileged_overgrant_is_decided_at_create_and_left_to_start_before_nri_0_10(bed: Bed) -> None:
+    bed.rt.handshake(version="v2.1.9")
+    r = bed.rt.call("CreateContainer", _privileged())
+    assert r.code == 0
+    adjust = f.adjust_of(r.payload)
+    assert adjust["rules"] == []  # 2.1 ignores an adjustment's rules: start narrows
+    assert {d[0] for d in adjust["devices"]} == {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+    (rec,) = bed.records()
+    assert rec["verdict"] == "apply" and rec["route"] == "nri" and rec["stage"] == "create"
+    assert sorted(rec["denied"]) == [f"/dev/nvidia{i}" for i in range(8) if i != 1]
+
+
+def test_deny_rules_are_answered_where_nri_applies_them(bed: Bed) -> None:
+    bed.rt.handshake(runtime="containerd", version="v2.2.7", nri="v0.11.0")
+    r = bed.rt.call("CreateContainer", _privileged())
+    rules = f.adjust_of(r.payload)["rules"]
+    denied = {(t, ma, mi) for allow, t, ma, mi, _ in rules if not allow}
+    assert denied == {("c", NVIDIA, i) for i in range(8) if i != 1}
+
+
+def test_deny_is_an_error_status_with_the_routes_one_line(tmp_path: Path, node: Path) -> None:
+    b = Bed(tmp_path, _settings(tmp_path, node, mig_management="never"))
+    try:
+        b.rt.handshake()
+        ev = f.event(
+            f.pod(namespace="gpu-operator"),
+            f.container(env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_MIG_CONFIG_DEVICES=all"]),
+        )
+        r = b.rt.call("CreateContainer", ev)
+        assert r.code == 7 and r.message.startswith(
+            "oci-device-hook: deny: NVIDIA_MIG_CONFIG_DEVICES=all refused"
+        )
+        assert "\n" not in r.message
+        assert [x["verdict"] for x in b.records()] == ["deny"]
+    finally:
+        b.rt.close()
+        b.daemon.join(10)
+
+
+def test_split_frames_and_messages_are_reassembled(bed: Bed) -> None:
+    bed.rt.handshake()
+    r = bed.rt.call("CreateContainer", _privileged(), split=1)  # one byte per write
+    assert r.code == 0 and bed.records()[0]["verdict"] == "apply"
+
+
+def test_unknown_method_and_undecodable_payload_are_error_statuses_not_a_crash(bed: Bed) -> None:
+    bed.rt.handshake()
+    assert bed.rt.call("UpdatePodSandbox", b"").code == 12
+    assert bed.rt.call("CreateContainer", b"\x0a\xff\xff\xff\xff\x0f").code == 3  # a length past the end
+    assert bed.rt.call("CreateContainer", f.event(_pod(), f.container())).code == 0  # still serving
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        pytest.param(struct.pack(">II", 1, 0xFFFFFFFF), id="oversized-mux-frame"),
+        pytest.param(struct.pack(">II", 7, 4) + b"abcd", id="unknown-connection"),
+        pytest.param(
+            f.frames.mux(1, struct.pack(">IIBB", 0x7FFFFFFF, 1, 1, 0)), id="oversized-ttrpc-message"
+        ),
+    ],
+)
+def test_bad_framing_ends_the_session_and_the_daemon_connects_again(
+    tmp_path: Path, node: Path, garbage: bytes
+) -> None:
+    b = Bed(tmp_path, _settings(tmp_path, node), sessions=2)
+    try:
+        b.rt.handshake()
+        b.rt.send_raw(garbage)
+        b.rt.accept()  # the daemon dropped the session and registered again, on the same socket
+        b.rt.reply_register()
+    finally:
+        b.rt.close()
+        b.daemon.join(10)
+    assert not b.daemon.is_alive()
