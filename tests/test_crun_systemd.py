@@ -251,3 +251,98 @@ def test_the_wrapper_in_front_of_crun_with_systemd_refuses_and_writes_nothing(
     res = wrap(kit, *args[1:])  # crun's own cgroupfs driver reads 195:0 as one node: decided, run
     assert res.returncode == 0, res.stderr
     assert saw(kit)["argv"] == args[1:]
+
+
+# --- issue 35 item 2: the guard is paid only where it may refuse (hook.routes.crungate) -----------
+
+
+def _runtimes(tmp: Path) -> list[str | None]:
+    """Every way the wrapper names its runtime: none (hooks.d), names on PATH, paths, a link named
+    runc that runs crun, a front that says nothing."""
+    crun_link = tmp / "bin" / "runc"
+    crun_link.parent.mkdir()
+    crun_link.symlink_to("/usr/bin/crun")
+    front = tmp / "nvidia-container-runtime"
+    front.write_text("#!/bin/sh\necho 'NVIDIA Container Runtime version 1.17.0'\n")
+    front.chmod(0o755)
+    real_runc = tmp / "real" / "runc"
+    real_runc.parent.mkdir()
+    real_runc.write_text("#!/bin/sh\necho 'runc version 1.1.12'\n")
+    real_runc.chmod(0o755)
+    return [None, "", "runc", "crun", str(crun_link), str(front), str(real_runc), "/nonexistent/runc", "nope"]
+
+
+def _cleared_before(rules: list[Rule], path: str, env: dict[str, str]) -> bool:
+    """The guard's own reading before the gate existed (issue 28): True where it let the config
+    through without looking at the host's nodes (the oracle the gate is held to)."""
+    if not widened(rules):
+        return True
+    manager = env.get(crunguard.MANAGER_ENV) or ("systemd" if path.count(":") == 2 else "cgroupfs")
+    if manager != "systemd":
+        return True
+    runtime = env.get(crunguard.EXEC_ENV, "")
+    return bool(runtime) and crunguard.runtime_kind(runtime) == "runc"
+
+
+def test_the_gate_never_skips_a_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``crungate.needs_guard`` false ⇒ the guard would have let the config through, over every
+    manager, path form, runtime and rule list (fail-closed: where the runtime or the driver cannot
+    be told, the guard runs). The per-start process loads the guard only where the gate is true."""
+    from hook.routes import crungate
+
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin")
+    rule_lists = [[deny_all(), rule(195, 0)], [deny_all(), rule(195, 3)], [deny_all(), rule(UVM, 0)], []]
+    skipped = 0
+    for runtime in _runtimes(tmp_path):
+        for manager in (None, "", "systemd", "cgroupfs", "disabled"):
+            for path in (SYSTEMD_PATH, "/docker/0123abcd", "", "a:b", "a:b:c:d"):
+                named = ((crungate.MANAGER_ENV, manager), (crungate.EXEC_ENV, runtime))
+                env = {k: v for k, v in named if v is not None}
+                for rules in rule_lists:
+                    if not crungate.needs_guard(bool(widened(rules)), path.count(":") == 2, env):
+                        skipped += 1
+                        assert _cleared_before(rules, path, env), (runtime, manager, path, rules)
+                        assert crunguard.refusal(rules, path, env) is None
+    assert skipped  # the gate does clear some starts (runc, cgroupfs, nothing widened)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "manager", "systemd_path", "needed"),
+    [("runc", "systemd", True, False), ("/usr/sbin/runc", "systemd", True, False),
+     ("runc", "", False, False), ("crun", "cgroupfs", True, False), (None, None, False, False),
+     ("crun", "systemd", False, True), (None, None, True, True), ("", "", True, True),
+     ("nvidia-container-runtime", "systemd", False, True), ("RUNC-LINK", "systemd", False, True)],
+    ids=["runc", "runc-path", "runc-path-form", "crun-cgroupfs", "hooksd-cgroupfs-path", "crun-systemd",
+         "hooksd-systemd-path", "empty", "front", "runc-link-to-crun"],
+)  # fmt: skip
+def test_the_gate_reads_the_wrappers_facts_fail_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: str | None, manager: str | None,
+    systemd_path: bool, needed: bool,
+) -> None:
+    from hook.routes import crungate
+
+    link = tmp_path / "runc"
+    link.symlink_to("/usr/bin/crun")
+    env = {crungate.MANAGER_ENV: manager, crungate.EXEC_ENV: str(link) if runtime == "RUNC-LINK" else runtime}
+    env = {k: v for k, v in env.items() if v is not None}
+    assert crungate.needs_guard(True, systemd_path, env) is needed
+    assert crungate.needs_guard(False, True, env) is False  # no rule it widens: nothing to guard
+
+
+@pytest.mark.parametrize("name", ["runc", "sh", "nope", "/usr/sbin/runc", "./runc", "/nonexistent/x"])
+@pytest.mark.parametrize("path", [None, "", ":", "/usr/sbin:/usr/bin:/bin", "/nonexistent:/usr/bin"])
+def test_which_is_shutil_which(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, path: str | None
+) -> None:
+    import shutil
+
+    from hook.routes import crungate
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runc").write_text("#!/bin/sh\n")
+    (tmp_path / "runc").chmod(0o755)
+    if path is None:
+        monkeypatch.delenv("PATH", raising=False)
+    else:
+        monkeypatch.setenv("PATH", path)
+    assert crungate.which(name) == shutil.which(name)

@@ -13,7 +13,9 @@ command line says so (the wrapper reads ``--systemd-cgroup``/``--cgroup-manager`
 command line (hooks.d precreate, simulation), when ``linux.cgroupsPath`` has the
 ``slice:prefix:name`` form engines write for that driver; the runtime is crun unless the binary
 the wrapper execs is runc (its name, else what its ``--version`` prints). The probe runs only
-when a rule would be widened, so other containers pay nothing.
+when a rule would be widened, so other containers pay nothing; and this module is loaded only where
+``hook.routes.crungate`` says it could refuse (its facts read the same way, fail-closed), so a
+start it cannot protect (runc, crun's cgroupfs driver, no rule it widens) never imports it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from hook.core.errors import HookError
 from hook.core.oci import parse_rule
 from hook.core.record import replace
 from hook.core.rules import DeviceType, Rule
+from hook.routes.crungate import EXEC_ENV as EXEC_ENV
+from hook.routes.crungate import MANAGER_ENV as MANAGER_ENV
+from hook.routes.crungate import needs_guard, resolved_name, which
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -38,8 +43,6 @@ if TYPE_CHECKING:
 Device = tuple[DeviceType, int, int]
 __all__ = ["MANAGER_ENV", "EXEC_ENV", "check_config", "guarded", "refusal", "runtime_kind"]
 
-MANAGER_ENV = "OCI_DEVICE_HOOK_CGROUP_MANAGER"  # the wrapper: the manager the command line names
-EXEC_ENV = "OCI_DEVICE_HOOK_RUNTIME_EXEC"  # the wrapper: the runtime binary it execs after the decision
 FIELD = "linux.resources.devices"
 
 
@@ -47,11 +50,10 @@ def runtime_kind(runtime: str) -> str:
     """``runc``, ``crun`` or ``unknown`` for the binary ``runtime`` (a name on PATH or a path): its
     resolved name, else the first of ``crun version``/``runc version`` that its ``--version`` prints
     (a front such as nvidia-container-runtime prints the runtime it hands the line to)."""
-    import shutil
     import subprocess
 
-    found = shutil.which(runtime) or runtime
-    name = os.path.basename(os.path.realpath(found))
+    found = which(runtime) or runtime
+    name = resolved_name(runtime)  # hook.routes.crungate skips the guard on this very name
     if name in ("runc", "crun"):
         return name
     try:
@@ -73,13 +75,10 @@ def refusal(
     """Why a config with these rules must not reach the runtime, or None (the module's rule).
     ``known`` lists the devices that exist (asked only when a rule would be widened at all): a
     widening that reaches none of them beyond what is granted anyway is let through."""
-    if not widened(rules):
-        return None
-    manager = environ.get(MANAGER_ENV) or ("systemd" if systemd_cgroups_path(cgroups_path) else "cgroupfs")
-    if manager != "systemd":
-        return None
+    if not needs_guard(bool(widened(rules)), systemd_cgroups_path(cgroups_path), environ):
+        return None  # crungate's reading (the per-start process skips this module on it)
     runtime = environ.get(EXEC_ENV, "")
-    if runtime and runtime_kind(runtime) == "runc":
+    if runtime and runtime_kind(runtime) == "runc":  # by what it prints (a front that runs runc)
         return None
     wide = widened(rules, None if known is None else known())
     if not wide:
@@ -130,20 +129,23 @@ def driver_root_of(opts: dict[str, list[str]]) -> Path:
         return Path("/")
 
 
-def may_widen(config: bytes, source: str) -> bool:
+def may_widen(config: bytes, source: str) -> tuple[bool, bool]:
     """Whether the config a spec-level decision hands on holds an allow rule crun's systemd driver
-    could widen at all (before the manager, the runtime and the host's nodes are asked): computed
-    where the decision is made (in this process or the decider's: a function of the config alone),
-    so a start whose config holds none never loads this module. Any doubt: True."""
+    could widen at all (before the manager, the runtime and the host's nodes are asked), and
+    whether its ``linux.cgroupsPath`` has the systemd form: computed where the decision is made
+    (in this process or the decider's: a function of the config alone), so a start whose config
+    holds none, or that ``hook.routes.crungate`` clears, never loads this module. Any doubt: True."""
     try:
         final = json.loads(config)
         linux = final.get("linux") if isinstance(final, dict) else None
         resources = linux.get("resources") if isinstance(linux, dict) else None
         items = resources.get("devices") if isinstance(resources, dict) else None
         items = items if isinstance(items, list) else []
-        return bool(widened([parse_rule(r, source, f"{FIELD}[{i}]") for i, r in enumerate(items)]))
+        wide = bool(widened([parse_rule(r, source, f"{FIELD}[{i}]") for i, r in enumerate(items)]))
     except (HookError, ValueError):
-        return True
+        return True, True
+    path = linux.get("cgroupsPath") if isinstance(linux, dict) else None
+    return wide, systemd_cgroups_path(path if isinstance(path, str) else "")
 
 
 def guarded(decision: Spec, config: bytes, source: str, opts: dict[str, list[str]]) -> Spec:

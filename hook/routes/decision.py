@@ -66,6 +66,7 @@ class Spec:
     after: str = ""
     runtime_log: str = ""  # a refusal's line for the engine (the runtime's --log)
     may_widen: bool = False  # an allow rule crun's systemd driver may widen: the hook checks it
+    systemd_path: bool = True  # the config's linux.cgroupsPath may be the systemd driver's form
 
 
 def _plan_doc(plan: Plan) -> dict[str, Any]:
@@ -123,6 +124,7 @@ def to_wire(decision: Live | Spec) -> bytes:
         doc["out"] = None if decision.out is None else decision.out.decode("utf-8", "surrogateescape")
         doc["runtime_log"] = decision.runtime_log
         doc["may_widen"] = decision.may_widen
+        doc["systemd_path"] = decision.systemd_path
     return json.dumps(doc, default=str, ensure_ascii=True).encode()
 
 
@@ -159,6 +161,7 @@ def from_wire(data: bytes) -> Live | Spec:
         record=doc["record"],
         runtime_log=_text(doc["runtime_log"]),
         may_widen=doc["may_widen"] is True,
+        systemd_path=doc["systemd_path"] is not False,  # fail-closed: only an explicit no clears it
         **common,
     )
 

@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from hook.routes.decision import Live, Spec
 
-__all__ = ["live", "live_level", "spec", "spec_level"]
+__all__ = ["checked", "live", "live_level", "spec", "spec_level"]
 
 
 def _settings_path(opts: dict[str, list[str]]) -> str:
@@ -101,15 +101,27 @@ def live_level(stage: str, opts: dict[str, list[str]], look: Look) -> int:
 
 def spec_level(route: str, opts: dict[str, list[str]], config: bytes) -> tuple[int, bytes]:
     """A spec-level decision (the decider's, else this process's), logged: (exit status, config)."""
-    from hook.routes.act import SPEC_SOURCE, act_spec
+    from hook.routes.act import act_spec
 
     decision, session = spec(route, opts, config)
     if decision is None:
         from hook.routes.precreate import decide_spec, facts_from_env
 
         decision = decide_spec(opts, config, facts_from_env())
-    if decision.may_widen:  # the decision saw a rule crun's systemd driver may widen: check it here
-        from hook.routes.crunguard import guarded
+    return act_spec(checked(decision, config, opts), config, session)
 
-        decision = guarded(decision, config, SPEC_SOURCE, opts)
-    return act_spec(decision, config, session)
+
+def checked(decision: Spec, config: bytes, opts: dict[str, list[str]]) -> Spec:
+    """``decision`` after the checks this container needs in the hook's own process: the crun guard
+    (``hook.routes.crunguard``) only where ``hook.routes.crungate`` says the runtime may be crun
+    with its systemd driver and a rule may be widened (fail-closed); nothing is loaded otherwise."""
+    if not decision.may_widen:  # no rule crun's driver widens: not even the gate is loaded
+        return decision
+    from hook.routes.crungate import needs_guard
+
+    if not needs_guard(decision.may_widen, decision.systemd_path, os.environ):
+        return decision
+    from hook.routes.act import SPEC_SOURCE
+    from hook.routes.crunguard import guarded
+
+    return guarded(decision, config, SPEC_SOURCE, opts)

@@ -88,7 +88,8 @@ def decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec:
     from hook.routes.crunguard import may_widen
 
     final = decision.out if decision.out is not None else stdin
-    return replace(decision, may_widen=may_widen(final, SOURCE))
+    wide, systemd_path = may_widen(final, SOURCE)
+    return replace(decision, may_widen=wide, systemd_path=systemd_path)
 
 
 def _decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec:
@@ -187,7 +188,7 @@ def run_precreate(
     opts: dict[str, list[str]], stdin: bytes, session: Session | None = None
 ) -> tuple[int, bytes]:
     """Decide in this process and act: (exit code, bytes for stdout: the decided config or the input)."""
-    from hook.routes.crunguard import guarded
+    from hook.routes.crunguard import guarded  # loaded already (decide_spec's may_widen)
 
     session = session or Session("precreate")
     decision = decide_spec(opts, stdin, facts_from_env())

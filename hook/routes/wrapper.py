@@ -20,16 +20,19 @@ in place of the unlinked one; a partial JSON object is one no runtime parses.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # not signal: its IntEnum wrappers load enum
 import errno
 import os
-import signal
 import stat
 import sys
-from types import FrameType
 
 from hook.core.escape import clean
 from hook.routes.fastpath import MAX_CONFIG, precreate_fast
 from hook.routes.runtimeargs import ArgsError, creates
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from types import FrameType
 
 __all__ = ["main", "DECISION_SECONDS", "TIMEOUT_ENV"]
 
@@ -192,10 +195,10 @@ def main(argv: list[str]) -> int:
         return 2
     real, args = argv[1], argv[2:]
     os.environ[RUNTIME_EXEC_ENV] = real
-    signal.signal(signal.SIGALRM, _expired)
-    signal.alarm(_bound())
+    _signal.signal(_signal.SIGALRM, _expired)
+    _signal.alarm(_bound())
     code = decide(opts, args)
-    signal.alarm(0)  # a pending alarm would survive the exec
+    _signal.alarm(0)  # a pending alarm would survive the exec
     if code != 0:
         return code
     for name in _HOOK_ONLY:
