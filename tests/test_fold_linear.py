@@ -13,7 +13,7 @@ from hook.adapters import allowlist, specwriter
 from hook.adapters.allowlist import UNNAMED, HostDevices, access_of, as_allow_list
 from hook.adapters.specwriter import fold_plan
 from hook.core.plan import Plan, Verdict
-from hook.core.rules import Access, DeviceType, Rule
+from hook.core.rules import Access, DeviceType, Rule, Verdicts, evaluate
 from tests import fold_oracle
 
 C, B = DeviceType.CHAR, DeviceType.BLOCK
@@ -67,16 +67,17 @@ def test_allow_list_is_the_scanning_one(
 
 
 @settings(max_examples=300, deadline=None)
-@given(rules=st.lists(rule_st.filter(lambda r: (r.major or 0) >= 0 and (r.minor or 0) >= 0), max_size=12))
-def test_indexed_probes_answer_as_access_of(rules: list[Rule]) -> None:
-    for t in (C, B):
-        verdicts = allowlist._Verdicts(rules, t)
-        for _, major, minor in probes:
-            assert Access(verdicts.access(major, minor)) == access_of(rules, t, major, minor), (
-                t,
-                major,
-                minor,
-            )
+@given(rules=st.lists(rule_st, max_size=12))
+def test_indexed_verdicts_answer_as_evaluate(rules: list[Rule]) -> None:
+    verdicts = Verdicts(rules)
+    for t, major, minor in probes:
+        for default_allow in (False, True):
+            for access in map(Access, range(1, 8)):
+                assert verdicts.allows(t, major, minor, access, default_allow) == evaluate(
+                    rules, t, major, minor, access, default_allow
+                ), (t, major, minor, access, default_allow)
+        if all((r.major or 0) >= 0 and (r.minor or 0) >= 0 for r in rules):  # access_of reads no negatives
+            assert Access(verdicts.access(t, major, minor)) == access_of(rules, t, major, minor)
 
 
 def _fold(config_rules: list[Any], plan_rules: list[Rule], host: HostDevices | None) -> list[Any]:

@@ -25,14 +25,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from hook.core.record import record, replace
-from hook.core.rules import DENY_ALL, Access, DeviceType, Rule, rule_number
+from hook.core.rules import DENY_ALL, Access, DeviceType, Rule, Verdicts, rule_number
 
 __all__ = ["UNNAMED", "HostDevices", "parse_device_majors", "access_of", "as_allow_list", "is_allow_list"]
 
 UNNAMED = 1 << 32  # a probe number no rule can name (rules hold 0..2^31-1 or None): all such look alike
 _BITS = (Access.M, Access.R, Access.W)
-_INT_BITS = tuple(b.value for b in _BITS)
-_NOBODY = (-1, False)  # no rule names this bit: the default, deny
 
 
 @record
@@ -103,6 +101,7 @@ def as_allow_list(
     """
     rules = [_as_runtime_reads(r) for r in rules]
     known = [(kt, kmajor, kminor) for kt, kmajor, kminor in known if kmajor >= 0 and kminor >= 0]
+    access = Verdicts(rules).access  # every probe below: a few lookups, not a pass over the rules
     out: list[Rule] = [DENY_ALL]
     for t in (DeviceType.BLOCK, DeviceType.CHAR):
         minors: dict[int, set[int]] = {}
@@ -124,18 +123,17 @@ def as_allow_list(
             if kt is t:
                 minors.setdefault(kmajor, set()).add(kminor)
         probes = {major: sorted(named | wild_minors) for major, named in minors.items()}
-        access = _Verdicts(rules, t).access
-        floor = access(UNNAMED, UNNAMED)
+        floor = access(t, UNNAMED, UNNAMED)
         for m in wild_minors:
-            floor &= access(UNNAMED, m)
+            floor &= access(t, UNNAMED, m)
         for major, ms in probes.items():
             for m in [UNNAMED, *ms]:
-                floor &= access(major, m)
+                floor &= access(t, major, m)
         if floor:
             out.append(Rule(allow=True, type=t, access=Access(floor)))
         for major in sorted(probes):
-            exact = {m: access(major, m) for m in probes[major]}
-            whole = access(major, UNNAMED)
+            exact = {m: access(t, major, m) for m in probes[major]}
+            whole = access(t, major, UNNAMED)
             for bits in exact.values():
                 whole &= bits
             covered = floor
@@ -146,46 +144,3 @@ def as_allow_list(
                 if bits & ~covered:
                     out.append(Rule(allow=True, type=t, major=major, minor=minor, access=Access(bits)))
     return tuple(out)
-
-
-class _Verdicts:
-    """``access_of`` for one device type, indexed: a probe costs a few lookups, not a pass over
-    every rule (the rule list and the probes both grow with the node's accelerators).
-
-    A probe ``major:minor`` is named exactly by the rules keyed ``(None, None)``, ``(None, minor)``,
-    ``(major, None)`` and ``(major, minor)``; per access bit, the last of those that names the bit
-    decides it. So each key keeps, per bit, the position and verdict of its last rule naming it.
-    Access is plain ``int`` bits here: enum arithmetic per probe would cost more than the lookups.
-    """
-
-    __slots__ = ("_last",)
-
-    def __init__(self, rules: Sequence[Rule], t: DeviceType) -> None:
-        last: dict[tuple[int | None, int | None], list[tuple[int, bool]]] = {}
-        for at, rule in enumerate(rules):
-            if rule.type not in (DeviceType.ALL, t):
-                continue
-            slot = last.setdefault((rule.major, rule.minor), [_NOBODY, _NOBODY, _NOBODY])
-            bits = rule.access.value
-            for i, bit in enumerate(_INT_BITS):
-                if bits & bit:
-                    slot[i] = (at, rule.allow)
-        self._last = last
-
-    def access(self, major: int, minor: int) -> int:
-        """The bits allowed on ``major:minor`` (as ``access_of``, ``type`` fixed at construction)."""
-        slots = [
-            s
-            for s in (
-                self._last.get((None, None)),
-                self._last.get((None, minor)),
-                self._last.get((major, None)),
-                self._last.get((major, minor)),
-            )
-            if s is not None
-        ]
-        out = 0
-        for i, bit in enumerate(_INT_BITS):
-            if max(s[i] for s in slots)[1] if slots else False:
-                out |= bit
-        return out

@@ -23,7 +23,7 @@ from hook.core.requests import (
     has_sys_admin,
     is_privileged,
 )
-from hook.core.rules import Access, DeviceType, Rule, evaluate
+from hook.core.rules import Access, DeviceType, Rule, Verdicts
 from hook.core.scope import MGMT_ENV, Grant, Scope, narrowing_scope
 from hook.core.settings import MigManagement, Policy, Settings
 
@@ -65,10 +65,12 @@ def _config_nodes(config: OciConfig) -> tuple[Node, ...]:
     )
 
 
-def _rules_open(rules: Sequence[Rule], node: Node) -> bool:
+_RW = (Access.R | Access.W).value
+
+
+def _rules_open(rules: Verdicts, node: Node) -> bool:
     """The container's own rules let it read or write ``node`` (``m`` alone opens nothing)."""
-    kind = DeviceType(node.type)
-    return any(evaluate(rules, kind, node.major, node.minor, a) for a in (Access.R, Access.W))
+    return bool(rules.access(DeviceType(node.type), node.major, node.minor) & _RW)
 
 
 def scope(inputs: Inputs, requests: Iterable[DeviceRequest]) -> Scope:
@@ -87,8 +89,9 @@ def container_facts(inputs: Inputs) -> Facts:
         if within.narrowed(n):
             found.setdefault(_key(n), n)
     if inputs.requests.bounded and not privileged:  # also what linux.resources.devices allows
+        own = Verdicts(config.resource_rules)
         for n in (*inputs.host_accelerators, *(c.node for c in inputs.classes.nodes)):
-            if within.narrowed(n) and _rules_open(config.resource_rules, n):
+            if within.narrowed(n) and _rules_open(own, n):
                 found.setdefault(_key(n), n)
     extra = tuple(found.values())
     return Facts(
@@ -150,9 +153,10 @@ def _additions(
     for d in config.devices:
         present.setdefault(d.path, (d.type, d.major, d.minor))
     rules, create, replace = [], [], []
+    own = Verdicts(config.resource_rules)
     for key in sorted(wanted, key=lambda k: (k[1], k[2], k[0])):
         g = wanted[key]
-        if not evaluate(config.resource_rules, DeviceType(g.node.type), g.node.major, g.node.minor, g.access):
+        if not own.allows(DeviceType(g.node.type), g.node.major, g.node.minor, g.access):
             rules.append(_rule(g.node, True, g.access))
         there = present.get(g.node.path)
         if there != _key(g.node):

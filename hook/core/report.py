@@ -7,13 +7,12 @@ sorted by ``decide`` so reports are byte-stable and examples can have golden out
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 from hook.core.decide import Inputs, container_facts, scope
 from hook.core.escape import clean
 from hook.core.kubelet import SANDBOX
 from hook.core.plan import Node, Plan, Verdict
-from hook.core.rules import Access, DeviceType, Rule, evaluate
+from hook.core.rules import Access, DeviceType, Verdicts
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -45,10 +44,9 @@ def build_report(inputs: Inputs, plan: Plan) -> dict[str, Any]:
     }
 
 
-def _access(rules: Sequence[Rule], node: Node) -> str:
-    kind = DeviceType(node.type)
-    bits = [a for a in (Access.R, Access.W, Access.M) if evaluate(rules, kind, node.major, node.minor, a)]
-    return "".join(str(a) for a in bits)
+def _access(rules: Verdicts, node: Node) -> str:
+    bits = rules.access(DeviceType(node.type), node.major, node.minor)
+    return "".join(str(a) for a in (Access.R, Access.W, Access.M) if bits & a.value)
 
 
 def _keeps(inputs: Inputs, plan: Plan) -> list[dict[str, Any]]:
@@ -57,7 +55,7 @@ def _keeps(inputs: Inputs, plan: Plan) -> list[dict[str, Any]]:
     the access the rules give; none for a container that does not start."""
     if plan.verdict is Verdict.DENY:
         return []
-    rules = [*inputs.config.resource_rules, *plan.rules]
+    rules = Verdicts([*inputs.config.resource_rules, *plan.rules])  # one pass, then a lookup per node
     within = scope(inputs, inputs.requests.items)
     removed = set(plan.remove)
     held: dict[str, Node] = {}

@@ -29,6 +29,7 @@ __all__ = [
     "matches",
     "covers",
     "rule_number",
+    "Verdicts",
 ]
 
 
@@ -113,6 +114,8 @@ DENY_ALL = Rule(allow=False)
 
 
 _BITS = (Access.M, Access.R, Access.W)
+_INT_BITS = tuple(b.value for b in _BITS)
+_NOBODY = (-1, False)  # no rule names this bit: the default decides
 
 
 def matches(rule: Rule, type: DeviceType, major: int, minor: int) -> bool:
@@ -168,6 +171,53 @@ def evaluate(
         if not verdict:
             return False
     return True
+
+
+class Verdicts:
+    """``evaluate`` for many probes of one rule list: a probe costs a few lookups, not a pass over
+    every rule (where both the rules and the probes grow with the node's accelerators, a pass per
+    probe is quadratic).
+
+    A probe ``T major:minor`` is named exactly by the rules keyed by type ``a`` or ``T``, major
+    ``*`` or ``major`` and minor ``*`` or ``minor`` (a negative number read as ``*``, as
+    ``matches`` does); per access bit, the last of those that names the bit decides it. So each key
+    keeps, per bit, the position and verdict of its last rule naming it. Bits are plain ``int``
+    (the ``Access`` values): enum arithmetic per probe would cost more than the lookups.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        last: dict[tuple[object, object, object], list[tuple[int, bool]]] = {}
+        for at, rule in enumerate(rules):
+            key = (rule.type, rule_number(rule.major), rule_number(rule.minor))
+            slot = last.setdefault(key, [_NOBODY, _NOBODY, _NOBODY])
+            bits = rule.access.value
+            for i, bit in enumerate(_INT_BITS):
+                if bits & bit:
+                    slot[i] = (at, rule.allow)
+        self._last = last
+
+    def access(self, type: DeviceType, major: int, minor: int, default_allow: bool = False) -> int:
+        """The bits (``Access`` values) the rules allow on ``type major:minor``."""
+        get = self._last.get
+        keys = ((None, None), (None, minor), (major, None), (major, minor))
+        slots = [s for t in (DeviceType.ALL, type) for k in keys if (s := get((t, *k))) is not None]
+        out = 0
+        for i, bit in enumerate(_INT_BITS):
+            at, allow = max((s[i] for s in slots), default=_NOBODY)
+            if allow if at >= 0 else default_allow:
+                out |= bit
+        return out
+
+    def allows(
+        self, type: DeviceType, major: int, minor: int, access: Access, default_allow: bool = False
+    ) -> bool:
+        """``evaluate(rules, type, major, minor, access, default_allow)``."""
+        if type is DeviceType.ALL or not access:
+            raise ValueError(f"a probe needs a device type c/b and some access, got {type} {access!r}")
+        wanted = access.value
+        return self.access(type, major, minor, default_allow) & wanted == wanted
 
 
 def _drop_shadowed(rules: Sequence[Rule]) -> list[Rule]:

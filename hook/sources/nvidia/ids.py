@@ -72,36 +72,74 @@ def normalize_bus_id(text: str) -> str:
     return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
 
 
-def _by_mig_index(inv: Inventory, token: str) -> tuple[Device, ...]:
+class _Index:
+    """One inventory's devices by every name an ID can give, each list in inventory order: a token
+    costs a lookup, not a pass over every device (a request naming each GPU of a 254-GPU node by
+    UUID would otherwise cost 254 passes)."""
+
+    __slots__ = ("by_bus", "by_index", "by_mig_index", "by_mig_uuid", "by_parent_gi_ci", "by_uuid", "migs")
+
+    def __init__(self, inv: Inventory) -> None:
+        self.by_index: dict[int, list[Gpu]] = {}
+        self.by_uuid: dict[str, list[Gpu]] = {}
+        self.by_bus: dict[str, list[Gpu]] = {}
+        for g in inv.gpus:
+            self.by_index.setdefault(g.index, []).append(g)
+            self.by_uuid.setdefault(g.uuid.lower(), []).append(g)
+            self.by_bus.setdefault(g.pci_bus_id, []).append(g)
+        self.by_mig_index: dict[tuple[int, int], list[MigDevice]] = {}
+        self.by_mig_uuid: dict[str, list[MigDevice]] = {}
+        self.by_parent_gi_ci: dict[tuple[int, int, int], list[tuple[int, MigDevice]]] = {}
+        for at, m in enumerate(inv.migs):
+            self.by_mig_index.setdefault((m.parent_index, m.index), []).append(m)
+            if m.uuid is not None:
+                self.by_mig_uuid.setdefault(m.uuid.lower(), []).append(m)
+            self.by_parent_gi_ci.setdefault((m.parent_minor, m.gi, m.ci), []).append((at, m))
+
+
+_last: tuple[Inventory, _Index] | None = None  # the inventory of the decision at hand, and its index
+
+
+def _index(inv: Inventory) -> _Index:
+    global _last
+    held = _last
+    if held is not None and held[0] is inv:  # held, so its id cannot be another's
+        return held[1]
+    index = _Index(inv)
+    _last = (inv, index)
+    return index
+
+
+def _by_mig_index(index: _Index, token: str) -> tuple[Device, ...]:
     parsed = parse_mig_index(token)
     if parsed is None:
         return ()
-    gpu, mig = parsed
-    found = tuple(m for m in inv.migs if m.parent_index == gpu and m.index == mig)
+    found = tuple(index.by_mig_index.get(parsed, ()))
     if any(m.uuid is None for m in found):  # numbered from /proc by (gi, ci): not NVML's order, proven
         raise InputError("NVIDIA_VISIBLE_DEVICES", token, "a G:M index needs NVML (or a CDI spec) to know "
                          "NVML's GI/CI order, and NVML could not be asked; use the MIG UUID instead")
     return found
 
 
-def _by_uuid(inv: Inventory, low: str) -> tuple[Device, ...]:
+def _by_uuid(index: _Index, low: str) -> tuple[Device, ...]:
     if low.startswith("gpu-"):
-        return tuple(g for g in inv.gpus if g.uuid.lower() == low)
+        return tuple(index.by_uuid.get(low, ()))
     if old := parse_old_mig(low):
         parent, gi, ci = old
-        parents = {g.minor for g in inv.gpus if g.uuid.lower() == parent}
-        return tuple(m for m in inv.migs if m.parent_minor in parents and (m.gi, m.ci) == (gi, ci))
+        parents = {g.minor for g in index.by_uuid.get(parent, ())}
+        hits = [hit for minor in parents for hit in index.by_parent_gi_ci.get((minor, gi, ci), ())]
+        return tuple(m for _, m in sorted(hits, key=lambda hit: hit[0]))  # inventory order
     if low.startswith("mig-"):
-        return tuple(m for m in inv.migs if m.uuid is not None and m.uuid.lower() == low)
+        return tuple(index.by_mig_uuid.get(low, ()))
     return ()
 
 
-def _by_bus(inv: Inventory, token: str) -> tuple[Device, ...]:
+def _by_bus(index: _Index, token: str) -> tuple[Device, ...]:
     try:
         bus = normalize_bus_id(token)
     except ValueError:
         return ()
-    return tuple(g for g in inv.gpus if g.pci_bus_id == bus)
+    return tuple(index.by_bus.get(bus, ()))
 
 
 def resolve_one(inv: Inventory, token: str) -> tuple[Device, ...]:
@@ -109,9 +147,10 @@ def resolve_one(inv: Inventory, token: str) -> tuple[Device, ...]:
     low = token.strip().lower()
     if low == "all":
         return (*inv.gpus, *inv.migs)
+    index = _index(inv)
     if low.isdecimal():  # \d+
-        return tuple(g for g in inv.gpus if g.index == int(low))
-    return _by_mig_index(inv, low) or _by_uuid(inv, low) or _by_bus(inv, low)
+        return tuple(index.by_index.get(int(low), ()))
+    return _by_mig_index(index, low) or _by_uuid(index, low) or _by_bus(index, low)
 
 
 def resolve(
