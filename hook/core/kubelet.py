@@ -6,12 +6,12 @@ the engine's keys into, and all the decision core reads of them; no parsing or I
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from hook.core.record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from hook.core.claims import DraView
 
 __all__ = ["Allocation", "Pod", "Kubelet", "UNTRUSTED", "SANDBOX"]

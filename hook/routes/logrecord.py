@@ -11,7 +11,6 @@ annotations and are stored as JSON strings (escaped by ``json.dumps``), capped s
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 from hook import STARTED
 from hook.core.version import VERSION
@@ -19,6 +18,7 @@ from hook.sources.kubelet.podid import identify
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 __all__ = ["engine_of", "pod_of", "rfc3339", "stamp"]

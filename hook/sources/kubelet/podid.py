@@ -31,10 +31,12 @@ each engine writes its own keys after a pod's, so a pod cannot unmake its sandbo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from hook.core.kubelet import Pod
 from hook.core.record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = ["CONTAINERD", "CRIO", "CONTAINER_TYPE", "Identity", "identify", "cgroup_engine"]
 
