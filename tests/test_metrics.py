@@ -303,3 +303,24 @@ def test_since_prints_a_window_of_the_log_and_never_keeps_a_textfile(tmp_path: P
     assert not (tmp_path / "m.prom").exists()
     code, _, err = metrics(tmp_path, "--since", "soon")
     assert code == 2 and "--since" in err
+
+
+def test_late_narrowings_of_the_nri_daemon_are_counted_with_their_outcome(tmp_path: Path) -> None:
+    """Issue 34 item 4: ``oci_device_hook_late_narrowed_total{outcome}`` from the ``late: true``
+    records; a start-time narrowing or a late record that changed nothing is not a late narrowing."""
+    settings_file(tmp_path)
+    write(
+        tmp_path / "hook.log",
+        rec("apply", 1, route="nri", stage="synchronize", late=True, cgroup_version=1, denied=["/dev/nvidia0"]),
+        rec("apply", 2, route="nri", stage="synchronize", late=True, cgroup_version=2, denied=["/dev/nvidia0"]),
+        rec("error", 3, route="nri", stage="synchronize", late=True, error="pid: 4 is not a container's"),
+        rec("apply", 4, route="nri", stage="start", cgroup_version=1, denied=["/dev/nvidia0"]),
+        rec("none", 5, route="nri", stage="synchronize", late=True),
+        rec("apply", 6, route="nri", stage="synchronize", late="true", cgroup_version=1),  # not the flag
+    )
+    code, out, err = metrics(tmp_path)
+    assert (code, err) == (0, "")
+    got = samples(out)
+    late = "oci_device_hook_late_narrowed_total"
+    assert total(got, late, outcome="narrowed") == 2 and total(got, late, outcome="failed") == 1
+    assert total(got, "oci_device_hook_decisions_total", route="nri") == 6

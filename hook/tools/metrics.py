@@ -22,7 +22,7 @@ __all__ = ["BUCKETS", "Tally", "tally", "render", "parse", "PREFIX"]
 
 PREFIX = "oci_device_hook"
 VERDICTS = frozenset({"none", "apply", "deny", "error"})
-ROUTES = frozenset({"prestart", "createRuntime", "precreate", "wrapper", "live"})
+ROUTES = frozenset({"prestart", "createRuntime", "precreate", "wrapper", "live", "nri"})
 ENGINES = frozenset({"containerd", "cri-o", "podman", "docker", "runtime-wrapper"})
 DECIDER = frozenset({"answered", "declined", "fallback", "untrusted", "off"})
 # seconds from the hook's start to its log line: the fast decisions are a few ms, the slow ones
@@ -48,6 +48,11 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         "How the warm decider took part: answered, declined, fallback (no answer in time), untrusted "
         "(an answer that failed its check), off, or none (no decider on the node, or an older record).",
         ("outcome", "route"),
+    ),
+    "late_narrowed": (
+        "Containers the NRI daemon narrowed late, at Synchronize (started while it was away): "
+        "narrowed, or failed (nothing left to refuse: the container runs as it started).",
+        ("outcome",),
     ),
     "log_skipped_lines": (
         "Log lines that were not decision records (cut, hand-written, another format).",
@@ -131,6 +136,8 @@ def tally(records: Iterable[Mapping[str, Any] | None], start: Tally | None = Non
         elif verdict == "error":
             add("errors", route, engine)
         add("decider", decider_of(rec), route)
+        if rec.get("late") is True and (verdict == "error" or "cgroup_version" in rec):
+            add("late_narrowed", "failed" if verdict == "error" else "narrowed")
         seconds = _seconds(rec)
         if seconds is not None:
             counts = buckets.setdefault(route, [0.0] * (len(BUCKETS) + 1))
