@@ -311,8 +311,8 @@ def test_late_narrowings_of_the_nri_daemon_are_counted_with_their_outcome(tmp_pa
     settings_file(tmp_path)
     write(
         tmp_path / "hook.log",
-        rec("apply", 1, route="nri", stage="synchronize", late=True, cgroup_version=1, denied=["/dev/nvidia0"]),
-        rec("apply", 2, route="nri", stage="synchronize", late=True, cgroup_version=2, denied=["/dev/nvidia0"]),
+        rec("apply", 1, route="nri", stage="synchronize", late=True, cgroup_version=1, denied=["/dev/n0"]),
+        rec("apply", 2, route="nri", stage="synchronize", late=True, cgroup_version=2, denied=["/dev/n0"]),
         rec("error", 3, route="nri", stage="synchronize", late=True, error="pid: 4 is not a container's"),
         rec("apply", 4, route="nri", stage="start", cgroup_version=1, denied=["/dev/nvidia0"]),
         rec("none", 5, route="nri", stage="synchronize", late=True),
