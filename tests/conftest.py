@@ -7,7 +7,8 @@ or vanish from the host's ``/dev``. A broken precondition left by an earlier run
 such once, at the start, instead of as a string of unrelated failures.
 
 As root, the whole session runs in its own mount namespace (``private_run_and_log``): the hook's
-cache dir ``/run/oci-device-hook`` and ``/var/log`` are private tmpfs there, so nothing the suite
+cache dir ``/run/oci-device-hook``, ``/var/log`` and the node key's ``/var/lib/oci-device-hook``
+are private tmpfs there, so nothing the suite
 starts can write the host's, and what another process on the machine writes to the host's cannot
 fail this run. The per-test guard watches the private copies: a change there is this session's.
 """
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROOT_DEVICES_LIST = Path("/sys/fs/cgroup/devices/devices.list")
 HOST_CACHE_DIR = Path("/run/oci-device-hook")  # the hook's default cache dir on this machine
 HOST_LOG = Path("/var/log/oci-device-hook.log")  # the hook's default log
+HOST_KEY_DIR = Path("/var/lib/oci-device-hook")  # the node key's dir (hook.sources.nodekey.KEY_DIR)
 HOST_OPT = Path("/opt")  # containerd's ``opt`` plugin makes /opt/containerd/{bin,lib} unless told a path
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
@@ -85,6 +87,10 @@ def private_run_and_log() -> bool:
         _shadow_run()
     if HOST_LOG.parent.is_dir():
         _mount("tmpfs", str(HOST_LOG.parent), "tmpfs", 0, "mode=0755")
+    # the node key's dir (hook.sources.nodekey.KEY_DIR): a hook that writes a cache makes the key
+    # there, so the session's is private; only the empty mount point is ever the host's
+    HOST_KEY_DIR.mkdir(parents=True, exist_ok=True)
+    _mount("tmpfs", str(HOST_KEY_DIR), "tmpfs", 0, "mode=0700")
     return True
 
 

@@ -22,7 +22,7 @@ import pytest
 from hook.core import settings as core_settings
 from hook.core.version import VERSION
 from hook.routes import fastpath
-from hook.sources import cachefile
+from hook.sources import cachefile, nodekey
 from hook.sources import settingsfile as settings
 from hook.sources.cdi import cache as cdi_cache
 from hook.sources.cdi.registry import Registry
@@ -167,7 +167,6 @@ def test_cdi_cache_planted_is_a_quick_miss(tmp_path: Path, plant: Callable[[Path
 def test_record_of_another_version_with_an_extra_key_is_rewritten(tmp_path: Path, run_dir: Path) -> None:
     """A rollback leaves a record whose settings carry a key this hook does not know."""
     path = custom_settings(tmp_path, "privileged_allocation: reject\n")
-    st = path.stat()
     doc = core_settings.document(core_settings.Settings())
     fmt_now = fastpath.FASTPATH_FORMAT
     for version, fmt in (("9.9.9", fmt_now), ("0.1.0", fmt_now), ("0.0.1", 1)):
@@ -177,7 +176,7 @@ def test_record_of_another_version_with_an_extra_key_is_rewritten(tmp_path: Path
             "hook": version if version != "0.1.0" else VERSION,
             "files": {
                 str(path): {
-                    "key": fastpath.settings_identity(str(path), st),
+                    "digest": nodekey.digest(path.read_bytes()),
                     "cdi_annotation_prefixes": ["cdi.k8s.io/"],
                     "volume_mount_root": "/x",
                     "settings": {**doc, "new_knob_of_another_version": True},
@@ -185,11 +184,15 @@ def test_record_of_another_version_with_an_extra_key_is_rewritten(tmp_path: Path
             },
         }
         run_dir.mkdir(mode=0o700, exist_ok=True)
-        (run_dir / "fastpath.json").write_text(json.dumps(record))
+        (run_dir / "fastpath.json").write_bytes(
+            nodekey.seal("fastpath.json", json.dumps(record).encode()) or b""
+        )
         (run_dir / "fastpath.json").chmod(0o600)
         assert settings.load_settings(path).privileged_allocation is settings.Policy.REJECT
         assert settings.remember_for_fast_path(path, settings.load_settings(path)) is None
-        rewritten = json.loads((run_dir / "fastpath.json").read_text())
+        rewritten = json.loads(
+            nodekey.unseal("fastpath.json", (run_dir / "fastpath.json").read_bytes()) or b""
+        )
         assert rewritten["hook"] == VERSION
         assert "new_knob_of_another_version" not in rewritten["files"][str(path)]["settings"]
 
@@ -198,8 +201,12 @@ def test_old_single_file_record_is_a_miss(tmp_path: Path, run_dir: Path) -> None
     path = custom_settings(tmp_path)
     st = path.stat()
     run_dir.mkdir(mode=0o700)
-    old = {"key": [str(path), st.st_size, st.st_mtime_ns, st.st_ino], "cdi_annotation_prefixes": ["x/"],
-           "volume_mount_root": "/y", "settings": {}}
+    old = {
+        "key": [str(path), st.st_size, st.st_mtime_ns, st.st_ino],
+        "cdi_annotation_prefixes": ["x/"],
+        "volume_mount_root": "/y",
+        "settings": {},
+    }
     (run_dir / "fastpath.json").write_text(json.dumps(old))
     (run_dir / "fastpath.json").chmod(0o600)
     assert fastpath.fast_settings(str(path)) is None
@@ -313,3 +320,66 @@ def test_writes_and_reads_leave_no_descriptor_open(tmp_path: Path) -> None:
     (d / "g").mkdir()  # rename over a directory fails
     assert cachefile.write(str(d), "g", b"1") is not None
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+# --- issue 36 item 1: a record is the node key's, and a cache of the settings file's bytes ------
+
+
+def _sealed_record(path: Path, compiled_from: bytes, text_settings: dict[str, object]) -> bytes:
+    doc = {**core_settings.document(core_settings.Settings()), **text_settings}
+    entry = {
+        "digest": nodekey.digest(compiled_from),
+        "cdi_annotation_prefixes": ["cdi.k8s.io/"],
+        "volume_mount_root": "/x",
+        "settings": doc,
+    }
+    record = {**cachefile.stamp("fastpath", fastpath.FASTPATH_FORMAT), "files": {str(path): entry}}
+    return nodekey.seal("fastpath.json", json.dumps(record).encode()) or b""
+
+
+def test_a_sealed_entry_for_other_bytes_of_the_file_is_a_miss(tmp_path: Path, run_dir: Path) -> None:
+    """The compiled settings are a cache of this file's bytes: an entry the node's key sealed, but
+    compiled from other bytes at this path (a replayed or stale record), never stands in for the file."""
+    path = custom_settings(tmp_path, "privileged_allocation: reject\n")
+    run_dir.mkdir(mode=0o700)
+    forged = _sealed_record(path, b"privileged_allocation: audit\n", {"privileged_allocation": "audit"})
+    (run_dir / "fastpath.json").write_bytes(forged)
+    (run_dir / "fastpath.json").chmod(0o600)
+    assert settings.load_settings(path).privileged_allocation is settings.Policy.REJECT
+    assert fastpath.fast_settings(str(path)) is None
+    honest = _sealed_record(path, path.read_bytes(), {"privileged_allocation": "reject"})
+    (run_dir / "fastpath.json").write_bytes(honest)  # the same record over these bytes is believed
+    assert fastpath.fast_settings(str(path)) == (("cdi.k8s.io/",), "/x")
+
+
+def test_an_unsealed_record_is_a_miss_even_when_ours(tmp_path: Path, run_dir: Path) -> None:
+    """Owner and mode prove nothing (a uid-0 container with the host's /run writes as root): a
+    record without this node's seal, or sealed by another key, is a miss and is rewritten."""
+    path = custom_settings(tmp_path)
+    compile_record(path)
+    record = run_dir / "fastpath.json"
+    plain = nodekey.unseal("fastpath.json", record.read_bytes()) or b""
+    record.write_bytes(plain)
+    assert fastpath.fast_settings(str(path)) is None
+    other = nodekey.SEAL + nodekey.mac(bytes(32), b"odh-record-v1", b"fastpath.json", plain).hex().encode()
+    record.write_bytes(other + b"\n" + plain)
+    assert fastpath.fast_settings(str(path)) is None
+    compile_record(path)  # the full path rewrites it under the node's key
+    assert nodekey.unseal("fastpath.json", record.read_bytes()) is not None
+
+
+def test_no_node_key_means_no_cache_read_or_written(
+    tmp_path: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node whose key cannot be had (here: its dir's parent is a file) decides without caches:
+    a sealed record there is not believed, and none is written."""
+    path = custom_settings(tmp_path)
+    compile_record(path)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setattr(nodekey, "KEY_DIR", str(blocker / "keys"))
+    assert fastpath.fast_settings(str(path)) is None
+    assert cachefile.read(str(run_dir), "fastpath.json", 1 << 20) is None
+    warning = cachefile.write(str(tmp_path / "cache"), "x.json", b"{}")
+    assert warning is not None and "no node key" in warning
+    assert not (tmp_path / "cache" / "x.json").exists()

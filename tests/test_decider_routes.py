@@ -165,6 +165,7 @@ def test_a_served_spec_level_start_is_the_fast_path_and_the_client(tmp_path: Pat
     ours = {m for m in loaded if m.startswith("hook.")}
     assert ours <= {
         "hook.entry", "hook.routes", "hook.routes.fastpath", "hook.sources", "hook.sources.privatefile",
+        "hook.sources.nodekey",
         "hook.core", "hook.core.version", "hook.routes.wire", "hook.routes.client", "hook.routes.act",
         "hook.routes.offer", "hook.core.record", "hook.routes.decision", "hook.adapters", "hook.adapters.log",
         "hook.core.escape", "hook.sources.kubelet", "hook.core.kubelet", "hook.sources.kubelet.podid",

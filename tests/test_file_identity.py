@@ -29,8 +29,8 @@ from hook.core.oci import parse_config_object
 from hook.core.settings import Settings
 from hook.routes import fastpath
 from hook.routes.gather import Options, inputs_for_config
+from hook.sources import nodekey, warm
 from hook.sources import settingsfile as settings
-from hook.sources import warm
 from hook.sources.cdi.registry import Registry
 from hook.sources.nvidia import inventory, nvml
 from tests.bundles import config
@@ -125,8 +125,11 @@ def remake_gi2(node: dict[str, Any]) -> str:
     anew); NVML now names it by a new UUID. Returns the old UUID."""
     spec = node["spec"]
     old = spec.migs[1]
-    files = {p.relative_to(node["root"] / GI_DIR): p.read_bytes()
-             for p in (node["root"] / GI_DIR).rglob("*") if p.is_file()}
+    files = {
+        p.relative_to(node["root"] / GI_DIR): p.read_bytes()
+        for p in (node["root"] / GI_DIR).rglob("*")
+        if p.is_file()
+    }
     time.sleep(TICK)
     shutil.rmtree(node["root"] / GI_DIR)
     for rel, data in files.items():
@@ -157,8 +160,9 @@ def decide_env(node: dict[str, Any], value: str) -> set[str]:
     raw = config([f"NVIDIA_VISIBLE_DEVICES={value}"])
     cfg = parse_config_object(raw, "config.json", "")
     settings_obj = Settings(cache_dir=str(node["cache"]), log_file=str(node["tmp"] / "hook.log"))
-    opts = Options(driver_root=node["root"], spec_dirs=(node["tmp"] / "no-cdi",), use_cache=True,
-                   settings=settings_obj)
+    opts = Options(
+        driver_root=node["root"], spec_dirs=(node["tmp"] / "no-cdi",), use_cache=True, settings=settings_obj
+    )
     plan = decide(inputs_for_config(cfg, {}, "c1", opts))
     return {n.path for n in plan.create}
 
@@ -180,13 +184,12 @@ def test_a_uuid_the_cached_inventory_lacks_is_read_again_once(mig_node: dict[str
     uuid = mig_node["spec"].migs[1].uuid
     inventory.load(mig_node["root"], None, mig_node["cache"], need_migs=True)
     path = mig_node["cache"] / "inventory.json"
-    record = json.loads(path.read_text())
+    record = json.loads(nodekey.unseal(path.name, path.read_bytes()) or b"")
     for mig in record["inventory"]["migs"]:
         if mig["uuid"] == uuid:
             mig["uuid"] = "MIG-00000000-0000-0000-0000-000000000000"
-    path.write_text(json.dumps(record))
+    path.write_bytes(nodekey.seal(path.name, json.dumps(record).encode()) or b"")  # as a hook wrote it
     assert inventory.load(mig_node["root"], None, mig_node["cache"], need_migs=True).source == "cache"
     assert f"/dev/nvidia-caps/nvidia-cap{gi2}" in decide_env(mig_node, uuid)
     with pytest.raises(InputError, match="unknown device ID"):
         decide_env(mig_node, "MIG-11111111-2222-3333-4444-555555555555")
-

@@ -64,6 +64,8 @@ HOOK_MODULES = {
     "hook.routes.client", "hook.sources.warm",
     # issue 27: the offer (wire + client) and the one decide-then-act path, decided here or served
     "hook.routes.offer", "hook.routes.wire", "hook.routes.act", "hook.routes.decision",
+    # issue 36: the node key, which every cache record and the decider's answers prove (os only)
+    "hook.sources.nodekey",
 }  # fmt: skip
 # Never on this path: heavy, or only for other paths (the first container's cache writes excepted).
 FORBIDDEN = {

@@ -16,10 +16,9 @@ import os
 from hook.sources.privatefile import FASTPATH_CACHE as FASTPATH_CACHE
 from hook.sources.privatefile import FASTPATH_FORMAT as FASTPATH_FORMAT
 from hook.sources.privatefile import FASTPATH_MAX as FASTPATH_MAX
-from hook.sources.privatefile import fastpath_record, is_regular, read_private
+from hook.sources.privatefile import SETTINGS_MAX, fastpath_record, is_regular, read_sealed
 from hook.sources.privatefile import loads as loads
 from hook.sources.privatefile import read_limited as read_limited
-from hook.sources.privatefile import settings_identity as settings_identity
 
 TYPE_CHECKING = False  # typing is not imported at run time: the fast path cannot afford it
 if TYPE_CHECKING:
@@ -62,7 +61,8 @@ NUMBER_LIMIT = 1 << 31  # hook.core.oci.RULE_NUMBER_LIMIT: beyond it runc and cr
 
 def _settings_entry(path: str) -> dict[str, Any] | None:
     """This settings file's compiled entry: ``{}`` for defaults (absent or all comments), the
-    fast-path record's entry for a custom file, None when unknown (the full path's to read)."""
+    fast-path record's entry for a custom file (a cache of these very bytes, sealed by the node's
+    key), None when unknown (the full path's to read)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -71,23 +71,23 @@ def _settings_entry(path: str) -> dict[str, Any] | None:
         return None
     if not is_regular(st.st_mode):
         return None
-    if st.st_size < 65536:
-        try:
-            text = read_limited(path, 65536)
-        except (OSError, ValueError):
-            return None
-        lines = (ln.strip() for ln in text.splitlines())
-        if all(not ln or ln.startswith(b"#") or ln == b"---" for ln in lines):
-            return {}
+    try:
+        text = read_limited(path, SETTINGS_MAX)
+    except (OSError, ValueError):
+        return None
+    lines = (ln.strip() for ln in text.splitlines())
+    if all(not ln or ln.startswith(b"#") or ln == b"---" for ln in lines):
+        return {}
     directory, name = os.path.split(FASTPATH_CACHE)
-    return fastpath_record(read_private(directory, name, FASTPATH_MAX), path, st)
+    return fastpath_record(read_sealed(directory, name, FASTPATH_MAX), path, text)
 
 
 def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
     """The two settings the fast path needs (CDI annotation prefixes, volume-mount root), or None.
 
     Defaults when the file is absent or all comments. Otherwise the full path has compiled them
-    into ``FASTPATH_CACHE`` keyed by the file's path and identity; a stale or missing entry means
+    into ``FASTPATH_CACHE`` keyed by the file's path and its bytes' digest, sealed by the node's
+    key (no key on the node: no entry); a stale, forged or missing entry means
     "take the full path", which rewrites it. So custom settings cost yaml once, not on every
     container. A settings file that is not a regular file is the full path's to report.
     """

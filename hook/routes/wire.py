@@ -9,12 +9,16 @@ answer, over the request's MAC (which covers the hook's fresh nonce): a listener
 can neither answer nor replay an answer. The MAC is keyed BLAKE2b (RFC 7693's keyed mode), from
 ``_blake2``: loading ``hashlib`` would cost the per-start hook its OpenSSL (~4 ms).
 
-This module imports only ``os`` at load time: the per-start client and the decider share it.
+This module imports only ``os`` (and ``hook.sources.nodekey``, the key's one home) at load time:
+the per-start client and the decider share it.
 """
 
 from __future__ import annotations
 
 import os
+
+from hook.sources import nodekey
+from hook.sources.nodekey import same as same
 
 __all__ = [
     "KEY_DIR", "KEY_NAME", "MAX_ANSWER", "MAX_DECLINE", "MAX_PROOF", "SOCKET_DIR", "SOCKET_NAME",
@@ -23,8 +27,8 @@ __all__ = [
 
 SOCKET_DIR = "/run/oci-device-hook"
 SOCKET_NAME = "decider.sock"
-KEY_DIR = "/var/lib/oci-device-hook"  # not under /run: a hostPath of /run must not reach it
-KEY_NAME = "decider.key"
+KEY_DIR = nodekey.KEY_DIR  # not under /run: a hostPath of /run must not reach it
+KEY_NAME = nodekey.KEY_NAME
 KEY_BYTES = 32
 MAGIC = b"oci-device-hook"
 PROTOCOL = b"2"
@@ -85,105 +89,17 @@ def left_for(sock: object, deadline: float) -> None:
 
 def mac(key: bytes, *parts: bytes) -> bytes:
     """Keyed BLAKE2b-256 over ``parts``, each length-prefixed (no two part lists collide)."""
-    try:
-        from _blake2 import blake2b
-    except ImportError:  # a Python built without the builtin module: hashlib's (OpenSSL-free) one
-        from hashlib import blake2b
-    h = blake2b(key=key, digest_size=32, person=b"odh-decider-v2")
-    for part in parts:
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
-    return h.digest()
-
-
-def same(a: bytes, b: bytes) -> bool:
-    """Constant-time equality (``hmac.compare_digest`` is this function)."""
-    from _operator import _compare_digest
-
-    return bool(_compare_digest(a, b))
-
-
-def _own_private_dir(fd: int) -> bool:
-    st = os.fstat(fd)
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o077 and st.st_mode & 0o170000 == 0o040000
+    return nodekey.mac(key, b"odh-decider-v2", *parts)
 
 
 def read_key(directory: str | None = None) -> bytes | None:
-    """The node's decider key, or None when there is none this process may trust: the directory
-    and the file are ours (root's), open to no one else, not symlinks, and the file holds exactly
-    ``KEY_BYTES`` bytes. Never blocks (``O_NONBLOCK``: a FIFO planted there is refused)."""
-    try:
-        dfd = os.open(directory or KEY_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    try:
-        if not _own_private_dir(dfd):
-            return None
-        fd = os.open(KEY_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError:
-        return None
-    finally:
-        os.close(dfd)
-    try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return None
-        data = os.read(fd, KEY_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data if len(data) == KEY_BYTES else None
+    """The node's key (``hook.sources.nodekey.read_key``) from ``KEY_DIR`` unless told."""
+    return nodekey.read_key(directory or KEY_DIR)
 
 
 def make_key(directory: str | None = None) -> bytes:
-    """The node's key, created when there is none (``hook serve`` at start; the installer may too).
-
-    The directory is made 0700 and must then be ours; one that is ours but open (a fresh node's
-    hostPath ``DirectoryOrCreate`` makes it 0755) is narrowed to 0700 through its fd, never through
-    the path, and a symlink there or another user's directory is refused as it is. A new
-    key is written to a private name opened ``O_EXCL|O_NOFOLLOW`` and linked (or, over a file that
-    cannot be a key, renamed: a rename replaces the name, never what a symlink there points at)
-    into place. ``OSError`` says why there is no key.
-    """
-    directory = directory or KEY_DIR
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        st = os.fstat(dfd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.fchmod(dfd, 0o700)
-        if not _own_private_dir(dfd):
-            raise PermissionError(f"{directory}: must be this user's directory, mode 0700, not a symlink")
-        key = read_key(directory)
-        if key is not None:
-            return key
-        tmp = f".{KEY_NAME}.{os.getpid()}"
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
-        )
-        try:
-            os.write(fd, os.urandom(KEY_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, KEY_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-        except FileExistsError:  # another decider won, or a file that is no key sits there
-            if read_key(directory) is None:
-                os.rename(tmp, KEY_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-        finally:
-            try:  # noqa: SIM105 - contextlib is one more import
-                os.unlink(tmp, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    key = read_key(directory)
-    if key is None:
-        raise PermissionError(f"{directory}/{KEY_NAME}: not a usable key")
-    return key
+    """The node's key, made when there is none (``hook serve`` at start; ``hook.sources.nodekey``)."""
+    return nodekey.make_key(directory or KEY_DIR)
 
 
 def _identity(path: str, full: bool) -> str:

@@ -1,14 +1,16 @@
 """Every file the hook keeps under its cache directory (``/run/oci-device-hook``), read and written one way.
 
-Rule: a cache only ever costs or saves time, never decides. The directory is this user's, mode
-0700, and never followed through a symlink; a file is read only after ``fstat`` on the opened
-(``O_NOFOLLOW|O_NONBLOCK``) descriptor says regular, ours, not group/other-writable and under
-the caller's size cap (``hook.sources.privatefile.read_private``, shared with the fast path, which may import
-nothing else). Each record carries its format version and the hook's version (``stamp``,
-``current``); anything else is a miss the caller rebuilds. A write goes to an ``O_EXCL`` temp
-file in the directory, renamed over the target, removed on failure; temp files a killed hook
-left behind are swept on the next write. Nothing here raises: reads return None, writes a
-warning text.
+Rule: a cache only ever costs or saves time, never decides. Every record is sealed with the
+node's key (``hook.sources.nodekey``): a container with the host's ``/run`` can write here, so
+ownership proves nothing, and a record whose seal fails is a miss. The directory is this user's,
+mode 0700, and never followed through a symlink; a file is read only after ``fstat`` on the
+opened (``O_NOFOLLOW|O_NONBLOCK``) descriptor says regular, ours, not group/other-writable and
+under the caller's size cap, and its seal holds (``hook.sources.privatefile.read_sealed``, shared
+with the fast path, which may import nothing else). Each record carries its format version and
+the hook's version (``stamp``, ``current``); anything else is a miss the caller rebuilds. A write
+goes to an ``O_EXCL`` temp file in the directory, renamed over the target, removed on failure;
+temp files a killed hook left behind are swept on the next write. Nothing here raises: reads
+return None, writes a warning text.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import stat
 import time
 
 from hook.core.version import VERSION
-from hook.sources.privatefile import open_private, read_private
+from hook.sources import nodekey
+from hook.sources.privatefile import open_private, read_sealed
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["STALE_TEMP_S", "current", "open_private", "read", "stamp", "write"]
+__all__ = ["STALE_TEMP_S", "current", "open_private", "read", "stamp", "write", "write_raw"]
 
 STALE_TEMP_S = 60  # a write takes milliseconds: an older temp file belongs to a killed hook
 _TEMP_SUFFIX = ".tmp"
@@ -46,12 +49,22 @@ def current(doc: object, kind: str, format_version: int) -> bool:
 
 
 def read(directory: str, name: str, limit: int) -> bytes | None:
-    """The whole file, or None for anything but the hook's own regular file (see the module rule)."""
-    return read_private(directory, name, limit)
+    """The record's bytes, or None for anything but the hook's own regular file sealed by this
+    node's key (see the module rule)."""
+    return read_sealed(directory, name, limit)
 
 
 def write(directory: str, name: str, data: bytes) -> str | None:
-    """Replace ``directory/name`` with ``data`` atomically; a warning text when it cannot."""
+    """Replace ``directory/name`` with ``data`` sealed by the node's key, atomically; a warning
+    text when it cannot (no key: nothing is written, as nothing unsealed would be read)."""
+    sealed = nodekey.seal(name, data)
+    if sealed is None:
+        return f"{os.path.join(directory, name)}: cache not written: no node key in {nodekey.KEY_DIR}"
+    return write_raw(directory, name, sealed)
+
+
+def write_raw(directory: str, name: str, data: bytes) -> str | None:
+    """Replace ``directory/name`` with ``data`` as is (a record sealed its own way: the CDI cache)."""
     try:
         dfd = _open_dir(directory, create=True)
     except OSError as exc:

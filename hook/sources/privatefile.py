@@ -2,7 +2,8 @@
 and the fast path's compiled settings record.
 
 Rule: a file under the cache directory counts only if it and its directory are the hook's own
-(``open_private``); anything odd is a miss, never a hang or a decision. These primitives sit in the
+(``open_private``) and, for a record, it is sealed by the node's key (``read_sealed``,
+``hook.sources.nodekey``); anything odd is a miss, never a hang or a decision. These primitives sit in the
 sources layer so the caches (``hook.sources.cachefile``, ``hook.sources.settingsfile``) and the fast
 path (``hook.routes.fastpath``) share one copy; like the fast path, this module imports only ``os``
 at load time (``hook.core.version`` only for custom settings).
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 FASTPATH_CACHE = "/run/oci-device-hook/fastpath.json"
-FASTPATH_FORMAT = 2  # 2: one entry per settings file, with the hook's version
+FASTPATH_FORMAT = 3  # 2: one entry per settings file, with the hook's version; 3: its bytes' digest
+SETTINGS_MAX = 1 << 20  # hook.sources.settingsfile.MAX_BYTES
 FASTPATH_MAX = 256 << 10
 
 
@@ -150,22 +152,26 @@ def read_private(directory: str, name: str, limit: int) -> bytes | None:
         os.close(fd)
 
 
-def settings_identity(path: str, st: os.stat_result) -> list[object]:
-    """What ties a fast-path record to one settings file's content (any edit changes it: an edit in
-    place that keeps the size and puts the mtime back still moves ``st_ctime_ns``)."""
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns]
+def read_sealed(directory: str, name: str, limit: int) -> bytes | None:
+    """A record's bytes under ``open_private``'s rule and sealed by this node's key (``limit`` is
+    the record's, without its seal line), else None (a miss)."""
+    from hook.sources.nodekey import SEAL, unseal
+
+    return unseal(name, read_private(directory, name, limit + len(SEAL) + 65))
 
 
-def fastpath_record(data: bytes | None, path: str, st: os.stat_result) -> dict[str, Any] | None:
-    """This settings file's entry in the fast-path record, or None when anything is off.
+def fastpath_record(data: bytes | None, path: str, settings: bytes) -> dict[str, Any] | None:
+    """This settings file's entry in the (unsealed) fast-path record, or None when anything is off.
 
     The record is ``{"format", "hook", "files": {abspath: entry}}``: several settings files
-    (several engines, a test run) each keep their entry. Another format or hook version, a
-    foreign shape, garbage or a truncated file is a miss; the full path rewrites it.
+    (several engines, a test run) each keep their entry, and an entry is a cache of one file's
+    bytes (``digest``: ``settings``, as read now, must hash to it). Another format or hook version,
+    a foreign shape, garbage or a truncated file is a miss; the full path rewrites it.
     """
     if data is None:
         return None
     from hook.core.version import VERSION  # only for custom settings: the default fast path never reads it
+    from hook.sources.nodekey import digest
 
     try:
         doc = loads(data)
@@ -174,7 +180,7 @@ def fastpath_record(data: bytes | None, path: str, st: os.stat_result) -> dict[s
             doc["kind"] != "fastpath"
             or doc["format"] != FASTPATH_FORMAT
             or doc["hook"] != VERSION
-            or entry["key"] != settings_identity(path, st)
+            or entry["digest"] != digest(settings)
             or not _strs(entry["cdi_annotation_prefixes"])
             or not all(entry["cdi_annotation_prefixes"])
             or not isinstance(entry["volume_mount_root"], str)

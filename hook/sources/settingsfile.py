@@ -7,6 +7,7 @@ the bytes (never blocking on a FIFO), keeps the decider's view and the fast path
 
 from __future__ import annotations
 
+import os
 import stat as _stat
 from pathlib import Path
 
@@ -69,8 +70,6 @@ def check_file(path: Path) -> list[InputError]:
 
 def _read_file(path: Path) -> bytes:
     """The settings file's bytes; never blocks on a FIFO, never reads a huge file."""
-    import os
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except ValueError:
@@ -110,10 +109,15 @@ def _load_settings(path: Path, required: bool) -> Settings:
         return Settings()
     except OSError as exc:
         raise InputError(str(path), "", exc.strerror or str(exc)) from None
-    compiled = _compiled(path)
-    if compiled is not None:
-        return compiled
-    return parse_settings(parse_yaml(data, str(path)), str(path))
+    compiled = _compiled(path, data)
+    settings = compiled or parse_settings(parse_yaml(data, str(path)), str(path))
+    _loaded[os.path.abspath(path)] = (data, settings, compiled is not None)
+    return settings
+
+
+# The bytes each settings file was last loaded from in this process, what they made, and whether
+# that came from the compiled record: the fast path's record is only ever written for these bytes.
+_loaded: dict[str, tuple[bytes, Settings, bool]] = {}
 
 
 def salvage_log(path: Path) -> Settings:
@@ -183,19 +187,13 @@ def parse_yaml(data: bytes, source: str, duplicates: list[InputError] | None = N
         raise InputError(source, where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from None
 
 
-def _compiled(path: Path) -> Settings | None:
-    """The settings compiled from this very file (same path and identity), or None; a record
-    this hook cannot read back (planted, or another version's) is a miss like any other."""
-    import os
-
+def _compiled(path: Path, data: bytes) -> Settings | None:
+    """The settings compiled from these very bytes of this file (``data``), or None; a record this
+    node's key did not seal (planted, or another version's) is a miss like any other."""
     from hook.sources.privatefile import fastpath_record
 
     directory, name = os.path.split(str(FASTPATH_CACHE))
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    entry = fastpath_record(_cachefile().read(directory, name, FASTPATH_MAX), str(path), st)
+    entry = fastpath_record(_cachefile().read(directory, name, FASTPATH_MAX), str(path), data)
     if entry is None:
         return None
     try:
@@ -215,23 +213,26 @@ FASTPATH_ENTRIES = 16  # settings files remembered at once (engines, test runs);
 
 
 def remember_for_fast_path(path: Path, settings: Settings) -> str | None:
-    """Compile what ``hook.routes.fastpath`` needs from a custom settings file, keyed by its
-    path and identity; other files' entries stay (up to ``FASTPATH_ENTRIES``).
+    """Compile what ``hook.routes.fastpath`` needs from a custom settings file: a cache of the bytes
+    ``settings`` was parsed from (their digest is the entry's key), sealed by the node's key with
+    the other files' entries (up to ``FASTPATH_ENTRIES``). Settings this process did not load
+    from ``path`` are not written: the record never says what the file does not.
 
     Returns a warning text instead of raising: a missing cache only costs speed, never a decision.
     """
     import json
-    import os
 
-    from hook.sources.privatefile import FASTPATH_FORMAT, loads, settings_identity
+    from hook.sources.nodekey import digest
+    from hook.sources.privatefile import FASTPATH_FORMAT, loads
 
-    if _compiled(path) is not None:
-        return None  # already compiled from this very file: nothing to write
+    key = os.path.abspath(path)
+    seen = _loaded.get(key)
+    if seen is None or seen[1] is not settings or seen[2]:
+        return None  # not loaded from this file here, or already compiled from these very bytes
+    data = seen[0]
+    if _compiled(path, data) is not None:
+        return None
     directory, name = os.path.split(str(FASTPATH_CACHE))
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError) as exc:
-        return f"{path}: {getattr(exc, 'strerror', None) or exc}"
     cachefile = _cachefile()
     files: dict[str, Any] = {}
     old = cachefile.read(directory, name, FASTPATH_MAX)
@@ -241,10 +242,9 @@ def remember_for_fast_path(path: Path, settings: Settings) -> str | None:
             files = dict(doc["files"])
     except Exception:  # an unreadable record is simply replaced
         files = {}
-    key = os.path.abspath(path)
     files.pop(key, None)
     files[key] = {
-        "key": settings_identity(str(path), st),
+        "digest": digest(data),
         "cdi_annotation_prefixes": list(settings.cdi_annotation_prefixes),
         "volume_mount_root": settings.volume_mount_root,
         "settings": document(settings),

@@ -80,7 +80,7 @@ def test_removed_file_drops_out(tmp_path: Path) -> None:
     Registry.load([specs], cache_dir=cdir)
     spec.unlink()
     assert list(Registry.load([specs], cache_dir=cdir).devices) == ["other.com/x=e"]
-    header = json.loads((cdir / cache.CACHE_NAME).read_bytes().split(b"\n")[0])
+    header = json.loads((cdir / cache.CACHE_NAME).read_bytes().split(b"\n")[1])  # after the seal line
     assert list(header["files"]) == [str(specs / "b.yaml")]
 
 

@@ -1,5 +1,5 @@
 """Run a runc container (or the hook alone) in a private mount namespace that hides the host's
-``/run`` and log directory behind tmpfs, after shell ``setup`` lines of the test's own.
+``/run``, log directory and node key directory behind tmpfs, after shell ``setup`` lines of the test's own.
 
 Rule: whatever the hook writes outside the bundle lands in a tmpfs that vanishes with the
 namespace; a test that must look at such a tree afterwards prints it from ``after`` lines
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.live.livekit import RUNC, Bundle, RunResult, _quote
 
-PRIVATE = ("/run", "/var/log")
+PRIVATE = ("/run", "/var/log", "/var/lib/oci-device-hook")  # the last: the node key's dir
 
 
 def isolated_script(

@@ -29,6 +29,8 @@ import json, os, subprocess, sys, time
 plant, runs = sys.argv[1], json.loads(sys.argv[2])
 subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "odh-run", "/run"], check=True)
 subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "odh-log", "/var/log"], check=True)
+os.makedirs("/var/lib/oci-device-hook", exist_ok=True)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "odh-key", "/var/lib/oci-device-hook"], check=True)
 os.makedirs("/var/log/odh-blast")
 exec(plant)
 out = []
@@ -45,7 +47,8 @@ def look(path):
     return oct(st.st_mode)
 record = "/run/oci-device-hook/fastpath.json"
 try:
-    doc = json.loads(open(record, "rb").read()) if look(record).startswith("0o100") else None
+    data = open(record, "rb").read() if look(record).startswith("0o100") else b"null"
+    doc = json.loads(data.split(b"\n", 1)[1] if data.startswith(b"oci-device-hook/sealed/") else data)
 except ValueError:
     doc = None
 log = "/var/log/odh-blast/hook.log"

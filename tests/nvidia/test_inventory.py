@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hook.core.errors import InputError
+from hook.sources import nodekey
 from hook.sources.nvidia import inventory
 from hook.sources.nvidia.snapshot import inventory_from_json, inventory_to_json
 from tests.nvidia.fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION
@@ -75,14 +76,23 @@ def _change_migs(root: Path) -> None:
     (root / "dev/nvidia-caps/nvidia-cap22").unlink()
 
 
+def _sealed(text: str) -> bytes:
+    """``text`` as a hook with this node's key writes it: a record past its seal, still to be judged."""
+    return nodekey.seal("inventory.json", text.encode()) or b""
+
+
+def _unsealed() -> str:
+    return (nodekey.unseal("inventory.json", (CACHE / "inventory.json").read_bytes()) or b"").decode()
+
+
 def _corrupt(root: Path) -> None:
-    (CACHE / "inventory.json").write_text("{not json")
+    (CACHE / "inventory.json").write_bytes(_sealed("{not json"))
 
 
 def _corrupt_inventory(root: Path) -> None:
-    data = json.loads((CACHE / "inventory.json").read_text())
+    data = json.loads(_unsealed())
     data["inventory"]["gpus"][0]["minor"] = "zero"
-    (CACHE / "inventory.json").write_text(json.dumps(data))
+    (CACHE / "inventory.json").write_bytes(_sealed(json.dumps(data)))
 
 
 @pytest.mark.parametrize(
@@ -104,7 +114,7 @@ def test_cache_invalidation(fake_host, nvml_for, change) -> None:
 def test_corrupt_cache_is_reported_and_rebuilt(fake_host, nvml_for) -> None:
     root, _ = fake_host("8x-mig")
     CACHE.mkdir(parents=True, mode=0o700)
-    (CACHE / "inventory.json").write_text("{not json")
+    (CACHE / "inventory.json").write_bytes(_sealed("{not json"))
     (CACHE / "inventory.json").chmod(0o600)
     fake = nvml_for("8x-mig")
     inv = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
@@ -125,8 +135,10 @@ def test_cache_of_another_version_is_a_silent_miss(fake_host, nvml_for, doc) -> 
     root, _ = fake_host("8x-mig")
     fake = nvml_for("8x-mig")
     inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
-    record = json.loads((CACHE / "inventory.json").read_text())
-    (CACHE / "inventory.json").write_text(json.dumps({**record, "hook": record["hook"], **doc, "extra": 1}))
+    record = json.loads(_unsealed())
+    (CACHE / "inventory.json").write_bytes(
+        _sealed(json.dumps({**record, "hook": record["hook"], **doc, "extra": 1}))
+    )
     inv = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
     assert (inv.source, inv.warnings, fake.init_calls) == ("proc+nvml", (), 2)
     assert inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake).source == "cache"

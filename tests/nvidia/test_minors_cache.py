@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hook.sources import nodekey
 from hook.sources.nvidia import inventory, procfs
 from hook.sources.nvidia.migminors import MIG_MINORS_PATH
 
@@ -67,7 +68,7 @@ def test_a_new_boot_or_driver_build_reads_proc_again(fake_host, change: str) -> 
 def test_a_bad_cache_file_is_a_miss(fake_host, content: bytes | str) -> None:
     root, _ = fake_host("8x-mig")
     good = _load(root)
-    key = json.loads(FILE.read_bytes())["key"]
+    key = json.loads(nodekey.unseal(FILE.name, FILE.read_bytes()) or b"")["key"]
     if isinstance(content, str):
         by_name = {
             "KEY-by_name-list": [],
@@ -75,10 +76,12 @@ def test_a_bad_cache_file_is_a_miss(fake_host, content: bytes | str) -> None:
             "KEY-str-minor": {"config": "1"},
         }
         content = json.dumps({"key": key, "by_name": by_name[content]}).encode()
-    FILE.write_bytes(content)
+    FILE.write_bytes(nodekey.seal(FILE.name, content) or b"")  # past the seal: the record itself judged
     inv = _load(root)
     assert inv.caps == good.caps
-    assert json.loads(FILE.read_bytes())["key"] == key  # rewritten from /proc
+    assert (
+        json.loads(nodekey.unseal(FILE.name, FILE.read_bytes()) or b"")["key"] == key
+    )  # rewritten from /proc
 
 
 def test_a_table_with_warnings_is_not_cached(fake_host) -> None:

@@ -3,30 +3,33 @@
 Rule: an entry is reused only while its file's ``(path, size, mtime_ns, inode, ctime_ns)`` is
 unchanged (``ctime`` moves on every write, also one that keeps the size and restores the mtime).
 The cache is one file written through ``hook.sources.cachefile`` (its directory, open and write rules): a
-JSON header line (magic, format and hook version, per-file key, kind, device names, error, body
-offset and CRC-32) followed by one JSON line per spec body, so a warm load reads and decodes only
-the header; a body is read (and its CRC checked) only for a spec a request touches. A cache that
-is corrupt or foreign (other magic, format or hook version, not a regular file of ours, group or
-world writable, over ``MAX_BYTES``) is ignored and rebuilt.
+seal line (the node key's MAC over the header, ``hook.sources.nodekey``), a JSON header line
+(magic, format and hook version, per-file key, kind, device names, error, body offset, length and
+BLAKE2b digest) followed by one JSON line per spec body, so a warm load reads and decodes only the
+header; a body is read (and its digest checked) only for a spec a request touches. A container
+with the host's ``/run`` can write this file: a header that fails its seal, or a body that fails
+its digest, is never believed. A cache that is corrupt, forged or foreign (other magic, format or
+hook version, not a regular file of ours, group or world writable, over ``MAX_BYTES``) is ignored
+and rebuilt.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import zlib
 from pathlib import Path
 from typing import Any, Final
 
 from hook.core.record import record
 from hook.core.version import VERSION
-from hook.sources import cachefile
+from hook.sources import cachefile, nodekey
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "CACHE_NAME", "DEFAULT_CACHE_DIR", "FileKey", "Entry", "Cache",
            "file_key", "read", "write"]
 
 MAGIC: Final = "oci-device-hook/cdi-cache"
-FORMAT_VERSION: Final = 3  # 2: specs decoded the reference way (YAML, Go conversions); 3: ctime in keys
+FORMAT_VERSION: Final = 4  # 2: specs decoded the reference way (YAML, Go conversions); 3: ctime in keys;
+# 4: sealed by the node key, each body's BLAKE2b digest (a CRC is no proof against a writer)
 CACHE_NAME: Final = "cdi-cache.json"
 DEFAULT_CACHE_DIR: Final = Path("/run/oci-device-hook")
 MAX_BYTES: Final = 64 << 20
@@ -75,10 +78,10 @@ class Cache:
         fd = cachefile.open_private(str(self._path.parent), self._path.name, MAX_BYTES)
         if fd is None:
             return None
-        try:  # the file may have been replaced since the header was read: the CRC tells
-            start, length, crc = item["body"]  # type: ignore[index]
+        try:  # the file may have been replaced since the header was read: the digest tells
+            start, length, sha = item["body"]  # type: ignore[index]
             chunk = os.pread(fd, int(length), self._base + int(start))
-            if zlib.crc32(chunk) != crc:
+            if not isinstance(sha, str) or not nodekey.same(nodekey.digest(chunk).encode(), sha.encode()):
                 return None
             value = json.loads(chunk)
         except (TypeError, KeyError, ValueError, OSError, RecursionError):
@@ -96,18 +99,23 @@ def read(path: Path) -> Cache | None:
     try:
         with os.fdopen(fd, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
+            seal = fh.readline(len(nodekey.SEAL) + 65)
             line = fh.readline(MAX_BYTES)  # bodies are read later, only those a request needs
-        header = json.loads(line)
+        proven = nodekey.unseal(path.name, seal + line[:-1])
+        if proven is None or not line.endswith(b"\n"):
+            return None  # not sealed by this node's key: written by someone else, or never ours
+        header = json.loads(proven)
     except (OSError, ValueError, RecursionError):
         return None
-    if not (line.endswith(b"\n") and isinstance(header, dict) and header.get("magic") == MAGIC
+    base = len(seal) + len(line)
+    if not (isinstance(header, dict) and header.get("magic") == MAGIC
             and header.get("version") == FORMAT_VERSION and header.get("hook") == VERSION
-            and isinstance(header.get("files"), dict) and header.get("size") == size - len(line)):
+            and isinstance(header.get("files"), dict) and header.get("size") == size - base):
         return None
     for item in header["files"].values():
         if not _well_formed(item):
             return None
-    return Cache(header, path, len(line))
+    return Cache(header, path, base)
 
 
 def _well_formed(item: Any) -> bool:
@@ -136,9 +144,11 @@ def write(path: Path, entries: dict[str, Entry], bodies: dict[str, bytes]) -> bo
             continue
         body = bodies[source] + b"\n"
         files[source] = {"key": list(entry.key), "kind": entry.kind, "names": list(entry.names),
-                         "body": [offset, len(body) - 1, zlib.crc32(bodies[source])]}
+                         "body": [offset, len(body) - 1, nodekey.digest(bodies[source])]}
         chunks.append(body)
         offset += len(body)
     header = {"magic": MAGIC, "version": FORMAT_VERSION, "hook": VERSION, "size": offset, "files": files}
-    data = json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(chunks)
-    return cachefile.write(str(path.parent), path.name, data) is None
+    sealed = nodekey.seal(path.name, json.dumps(header, separators=(",", ":")).encode())
+    if sealed is None:
+        return False  # no node key: nothing unsealed would be believed, so nothing is written
+    return cachefile.write_raw(str(path.parent), path.name, sealed + b"\n" + b"".join(chunks)) is None
