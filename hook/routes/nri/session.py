@@ -79,6 +79,8 @@ class Session:
                 why = self._feed(data)
             except ProtocolError as exc:
                 return f"protocol error: {exc}"
+            except OSError as exc:  # an answer sent into a socket the runtime closed (it timed us out)
+                return f"socket: {exc.strerror or exc}"
             if why:
                 return why
 
