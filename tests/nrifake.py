@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hook.routes.nri import frames
-from hook.routes.nri.proto import decode, enc_bool, enc_int, enc_msg, enc_text
+from hook.routes.nri.proto import decode, enc_bool, enc_int, enc_msg, enc_text  # re-exported for tests
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 

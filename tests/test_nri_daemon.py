@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,89 @@ def test_bad_framing_ends_the_session_and_the_daemon_connects_again(
         b.rt.close()
         b.daemon.join(10)
     assert not b.daemon.is_alive()
+
+
+def _wait_for(log: Path, text: str, seconds: float = 10) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if log.exists() and text in log.read_text():
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError(f"{text!r} not in {log} after {seconds}s")
+
+
+def test_a_late_narrowing_that_fails_is_an_error_record_and_a_stderr_line(
+    bed: Bed, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bed.rt.accept()
+    bed.rt.call("Configure", f.configure())
+    running = f.container(name=CONTAINER, state=3, rules=[f.rule(True)], devices=_gpus(), pid=4_000_000)
+    assert bed.rt.call("Synchronize", f.synchronize([_pod()], [running])).code == 0
+    bed.rt.reply_register()
+    assert _wait_for(bed.log, '"late": true') < 10
+    (rec,) = bed.records()
+    assert (rec["verdict"], rec["late"], rec["stage"]) == ("error", True, "synchronize")
+    assert "No such process" in rec["error"]
+    bed.rt.close()
+    bed.daemon.join(10)
+    assert "error: late narrowing of container" in capsys.readouterr().err
+
+
+def test_state_change_start_is_the_start_of_nri_before_0_12(bed: Bed) -> None:
+    bed.rt.handshake(version="1.7.24")
+    ev = (
+        f.enc_int(1, 6)
+        + f.enc_msg(2, _pod())
+        + f.enc_msg(3, f.container(name=CONTAINER, rules=[f.rule(True)], devices=_gpus()))
+    )
+    r = bed.rt.call("StateChange", ev)
+    assert (r.code, r.message) == (
+        9,
+        "oci-device-hook: NRI StartContainer: pid: missing: the runtime sent no pid",
+    )
+    plain = f.enc_int(1, 6) + f.enc_msg(2, _pod()) + f.enc_msg(3, f.container(name=CONTAINER))
+    assert bed.rt.call("StateChange", plain).code == 0  # a container that asks for nothing always starts
+
+
+def test_memory_is_bounded_and_forgotten_on_stop_and_remove(tmp_path: Path, node: Path) -> None:
+    from hook.routes.nri.plugin import Plugin
+    from hook.routes.nri.verdicts import Ctx
+    from hook.routes.options import Options
+
+    config = _settings(tmp_path, node, cap_access="r")
+    plugin = Plugin(
+        Ctx(options=Options(settings_file=config)), lambda _a: None, lambda _s: None, max_remembered=8
+    )
+    mgmt = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_MIG_CONFIG_DEVICES=all"]
+    for i in range(50):
+        ev = f.event(f.pod(namespace="gpu-operator"), f.container(f"{i:064x}", env=mgmt))
+        code, _, payload = plugin.call("CreateContainer", ev)
+        assert code == 0 and f.adjust_of(payload)["devices"]
+    running = [
+        f.container(f"{i:064x}", state=3, pid=4_000_000, rules=[f.rule(True)]) for i in range(100, 150)
+    ]
+    plugin.call("Synchronize", f.synchronize([], running))
+    assert plugin.remembered() == 16  # 8 created awaiting start, 8 late narrowings queued
+    for method in ("StopContainer", "RemoveContainer"):
+        plugin.call(method, f.event(f.pod(), f.container(f"{49:064x}")))
+    assert plugin.remembered() == 15
+
+
+def test_a_refused_registration_ends_the_session_and_backs_off(
+    tmp_path: Path, node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slept: list[float] = []
+    sock = tmp_path / "nri.sock"
+    rt = f.FakeRuntime(sock)
+    t = f.start_daemon(sock, _settings(tmp_path, node), sessions=2, sleep=slept.append)
+    try:
+        for _ in range(2):
+            rt.accept()
+            rt.reply_register(code=9, message="plugin index taken")
+            rt.conn.close()  # type: ignore[union-attr]
+        t.join(10)
+    finally:
+        rt.close()
+    assert not t.is_alive() and slept == [0.5, 1.0]
+    err = capsys.readouterr().err
+    assert err.count("not registered as 90-oci-device-hook") == 2 and "plugin index taken" in err
