@@ -243,7 +243,9 @@ def _k8s() -> tuple[dict[str, Any], dict[str, str]]:
     return ds, scripts
 
 
-def test_the_daemonset_keeps_the_textfile_with_no_privilege() -> None:
+def test_the_daemonset_serves_metrics_with_no_privilege_and_only_the_log_directory() -> None:
+    """Issue 37 item 5: /metrics on a named port (a PodMonitor scrapes it), and of the node only
+    the hook's own log directory, read-only (no longer the whole /var/log, nor a textfile dir)."""
     ds, _ = _k8s()
     pod = ds["spec"]["template"]["spec"]
     c = next(c for c in pod["containers"] if c["name"] == "metrics")
@@ -252,11 +254,11 @@ def test_the_daemonset_keeps_the_textfile_with_no_privilege() -> None:
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert "host-root" not in mounts  # not the node's /: only the log (read-only) and the textfile dir
-    assert mounts["node-log"]["readOnly"] is True and volumes["node-log"]["hostPath"]["path"] == "/var/log"
-    textfile = volumes["textfile"]["hostPath"]
-    assert textfile == {"path": mounts["textfile"]["mountPath"], "type": "DirectoryOrCreate"}
-    assert not mounts["textfile"].get("readOnly")
+    host = {n: volumes[n]["hostPath"]["path"] for n in mounts if "hostPath" in volumes[n]}
+    assert host == {"node-log": "/var/log/oci-device-hook"} and mounts["node-log"]["readOnly"] is True
+    env = {e["name"]: e["value"] for e in c["env"]}
+    port = int(env["METRICS_LISTEN"].rsplit(":", 1)[1])
+    assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
 
 
 def test_the_daemonset_script_runs_hook_metrics_on_the_bundled_interpreter(

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -313,6 +314,8 @@ def _k8s_docs() -> dict[str, dict]:
     """Documents by kind; ConfigMaps by ``ConfigMap/<name>``."""
     docs = {}
     for path in sorted((PKG / "kubernetes").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             assert doc["apiVersion"] and doc["metadata"]["name"], path
             key = doc["kind"] if doc["kind"] != "ConfigMap" else f"ConfigMap/{doc['metadata']['name']}"
@@ -328,8 +331,10 @@ def test_daemonset_is_schedulable_on_gpu_nodes() -> None:
     labels = ds["spec"]["template"]["metadata"]["labels"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
     pod = ds["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert any(t.get("operator") == "Exists" for t in pod["tolerations"])
+    # issue 37 item 3: no selector on GPU feature discovery's label (without it: zero pods, no
+    # error), and no taint keeps it off a node (a GPU node with one more taint stays protected)
+    assert "nodeSelector" not in pod and "affinity" not in pod
+    assert {"operator": "Exists"} in pod["tolerations"]
     for c in pod["containers"]:
         assert c["image"] and c["command"]
         assert c["securityContext"]["privileged"] is (c["name"] == "installer")  # metrics: none either
@@ -366,8 +371,7 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
         "/": "Directory",  # the node's root: the prefix, hooks.d, containerd, chroot
         "/run/oci-device-hook": "DirectoryOrCreate",  # the decider's socket
         "/var/lib/oci-device-hook": "DirectoryOrCreate",  # the decider's key
-        "/var/log": "Directory",  # the decision log, read by the metrics container
-        "/var/lib/node_exporter/textfile_collector": "DirectoryOrCreate",  # the metrics textfile
+        "/var/log/oci-device-hook": "DirectoryOrCreate",  # the decision log's own directory (metrics)
     }
     installer = next(c for c in pod["containers"] if c["name"] == "installer")
     mounts = {m["name"]: m for c in pod["containers"] for m in c["volumeMounts"]}
@@ -381,7 +385,13 @@ def test_daemonset_volumes_are_typed_and_mounted() -> None:
     settings = docs["ConfigMap/oci-device-hook-settings"]["data"]["config.yaml"]
     from hook.core.settings import parse_settings
 
-    parse_settings(yaml.safe_load(settings), "configmap")  # the shipped settings are valid
+    parsed = parse_settings(yaml.safe_load(settings), "configmap")  # the shipped settings are valid
+    # issue 37 item 5: the log has a directory of its own, and the metrics container mounts only it
+    assert Path(parsed.log_file).parent == Path("/var/log/oci-device-hook")
+    metrics = next(c for c in pod["containers"] if c["name"] == "metrics")
+    host_mounts = [m for m in metrics["volumeMounts"] if "hostPath" in volumes[m["name"]]]
+    assert [(m["mountPath"], m["readOnly"]) for m in host_mounts] == [("/var/log/oci-device-hook", True)]
+    assert volumes[host_mounts[0]["name"]]["hostPath"]["path"] == "/var/log/oci-device-hook"
 
 
 def _k8s_script(name: str, tmp_path: Path) -> Path:
@@ -482,3 +492,34 @@ def test_the_decider_unit_gets_only_what_deciding_needs() -> None:
     assert (lines["StateDirectory"], lines["StateDirectoryMode"]) == ("oci-device-hook", "0700")
     assert lines["ProtectControlGroups"] == "yes" and lines["PrivateNetwork"] == "yes"
     assert lines["RestrictAddressFamilies"] == "AF_UNIX"
+
+
+def test_daemonset_decider_waits_for_the_hook_under_the_installers_prefix_and_says_so(tmp_path: Path) -> None:
+    """Issue 37 item 7: on a COS/Flatcar prefix the decider ran the hook from the default path and
+    waited forever, silently. It takes PREFIX (the installer's) and logs while it waits."""
+    pod = _k8s_docs()["DaemonSet"]["spec"]["template"]["spec"]
+    env = {c["name"]: {e["name"]: e.get("value") for e in c.get("env", [])} for c in pod["containers"]}
+    assert env["decider"]["PREFIX"] == env["installer"]["PREFIX"]
+    script = _k8s_script("decider.sh", tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "chroot").write_text('#!/bin/sh\necho "chroot $*"\n')  # records what it would run
+    (bin_dir / "chroot").chmod(0o755)
+    root = tmp_path / "node"
+    hook = root / "opt/oci-device-hook/hook"
+    hook.parent.mkdir(parents=True)
+    env_run = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOST_ROOT": str(root),
+               "PREFIX": "/opt/oci-device-hook"}  # fmt: skip
+    proc = subprocess.Popen(["sh", str(script)], env=env_run, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        time.sleep(1)
+        assert proc.poll() is None  # still waiting: no hook yet
+        hook.write_text("#!/bin/sh\n")
+        hook.chmod(0o755)  # the installer puts it there
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out == f"chroot {root} /opt/oci-device-hook/hook serve\n"
+    assert "waiting for the installer to put /opt/oci-device-hook/hook on the node" in err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 import tomllib
@@ -82,13 +83,61 @@ def test_manifests_take_the_image_and_tag_as_parameters() -> None:
     res = _render(IMAGE="registry.example:5000/gpu/oci-device-hook", TAG="1.2.3-rc1")
     assert res.returncode == 0, res.stderr
     assert set(_images(res.stdout)) == {"registry.example:5000/gpu/oci-device-hook:1.2.3-rc1"}
-    assert "@IMAGE@" not in res.stdout and "@TAG@" not in res.stdout
     raw = (PKG / "kubernetes/daemonset.yaml").read_text()
-    assert "localhost/oci-device-hook:" not in raw  # nothing hard-coded left to forget
+    assert "localhost/oci-device-hook" not in raw  # nothing hard-coded left to forget
+    assert set(_images(raw)) == {"oci-device-hook"}  # a plain name: kustomize's images: matches it
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("TAG", "1.0 x"), ("TAG", "1|x"), ("IMAGE", "a b"), ("IMAGE", "x|y")]
+    ("env", "image"),
+    [
+        ({"IMAGE": f"reg.example/odh@{DIGEST}"}, f"reg.example/odh@{DIGEST}"),
+        ({"IMAGE": "reg.example:5000/odh", "DIGEST": DIGEST}, f"reg.example:5000/odh@{DIGEST}"),
+        ({"IMAGE": "reg.example/odh", "TAG": "1.2.3", "DIGEST": DIGEST}, f"reg.example/odh:1.2.3@{DIGEST}"),
+    ],
+)
+def test_render_pins_a_digest(env: dict[str, str], image: str) -> None:
+    """Issue 37 item 3: render refused ``@sha256:`` digests; a digest pins the image (with a tag,
+    or alone: then no default tag is added)."""
+    res = _render(**env)
+    assert res.returncode == 0, res.stderr
+    assert set(_images(res.stdout)) == {image}
+
+
+def test_the_kustomize_base_takes_an_images_override(tmp_path: Path) -> None:
+    """Issue 37 item 3: ``@IMAGE@:@TAG@`` defeated kustomize's ``images:``; the base names the image
+    ``oci-device-hook`` so an overlay sets repository, tag and digest. Built with ``kubectl
+    kustomize`` where kubectl is installed (it is on this project's machines); the base's YAML is
+    checked directly in any case."""
+    base = yaml.safe_load((PKG / "kubernetes/kustomization.yaml").read_text())
+    assert base["kind"] == "Kustomization"
+    listed = set(base["resources"])
+    assert listed == {p.name for p in (PKG / "kubernetes").glob("*.yaml")} - {"kustomization.yaml"}
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    image = {"name": "oci-device-hook", "newName": "reg.example/odh", "newTag": "9.9.9", "digest": DIGEST}
+    base_dir = os.path.relpath(PKG / "kubernetes", overlay)
+    kust = {"resources": [base_dir], "namespace": "gpu-guard", "images": [image]}
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kust))
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        stream = "---\n".join((PKG / "kubernetes" / name).read_text() for name in base["resources"])
+        assert set(_images(stream)) == {"oci-device-hook"}
+        return
+    res = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    assert set(_images(res.stdout)) == {f"reg.example/odh:9.9.9@{DIGEST}"}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"gpu-guard"}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("TAG", "1.0 x"), ("TAG", "1|x"), ("IMAGE", "a b"), ("IMAGE", "x|y"), ("DIGEST", "sha256:abc"),
+     ("DIGEST", "md5:" + "0" * 60), ("DIGEST", "sha256:" + "A" * 64), ("IMAGE", "x@sha256:1")],
 )
 def test_render_refuses_values_that_would_break_the_manifest(key: str, value: str) -> None:
     res = _render(**{key: value})
