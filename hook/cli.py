@@ -340,32 +340,24 @@ def log_cmd(
 @click.option("--since", default="", help="only records since then, as hook log (not with --textfile)")
 @click.option("--serve", "listen", default="", metavar="ADDR:PORT", help="serve /metrics there (Prometheus)")
 @click.pass_context
-def metrics_cmd(
-    ctx: click.Context,
-    /,
-    config_file: Path | None,
-    log_file: Path | None,
-    textfile: str | None,
-    since: str,
-    listen: str,
-) -> None:
+def metrics_cmd(ctx: click.Context, /, config_file: Path | None, log_file: Path | None, textfile: str | None,
+                since: str, listen: str) -> None:  # fmt: skip
     """Counters and a latency histogram over the decision log, in the Prometheus text format."""
     from hook.sources.settingsfile import DEFAULT_PATH, load_settings
     from hook.tools.metricslog import cmd_metrics, textfile_path
+    from hook.tools.metricsserve import serve_metrics
 
     if listen and (textfile is not None or since):
         raise click.UsageError("--serve: not with --textfile or --since")
     path = config_file or (ctx.find_root().obj or {}).get("config_file")
     settings = load_settings(path or DEFAULT_PATH, required=bool(path))
+    log = log_file or Path(settings.log_file)
     if listen:
-        from hook.tools.metricsserve import serve_metrics
-
-        _finish(*serve_metrics(listen, log_file or Path(settings.log_file)))
+        _finish(*serve_metrics(listen, log))
     target = textfile or settings.metrics_textfile
     if (textfile == "" and not target) or (since and textfile is not None):
         raise click.UsageError("--textfile: needs a PATH (or the metrics_textfile setting) and no --since")
     out = textfile_path(Path(target)) if target and not since else None
-    log = log_file or Path(settings.log_file)
     _finish(*cmd_metrics(log, out, write=textfile is not None, must_exist=log_file is not None, since=since))
 
 
