@@ -347,13 +347,11 @@ def metrics_cmd(ctx: click.Context, /, config_file: Path | None, log_file: Path 
     from hook.tools.metricslog import cmd_metrics, textfile_path
     from hook.tools.metricsserve import serve_metrics
 
-    if listen and (textfile is not None or since):
-        raise click.UsageError("--serve: not with --textfile or --since")
     path = config_file or (ctx.find_root().obj or {}).get("config_file")
     settings = load_settings(path or DEFAULT_PATH, required=bool(path))
     log = log_file or Path(settings.log_file)
     if listen:
-        _finish(*serve_metrics(listen, log))
+        _finish(*serve_metrics(listen, log, alone=textfile is None and not since))
     target = textfile or settings.metrics_textfile
     if (textfile == "" and not target) or (since and textfile is not None):
         raise click.UsageError("--textfile: needs a PATH (or the metrics_textfile setting) and no --since")

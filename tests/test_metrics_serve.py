@@ -115,4 +115,4 @@ def test_serve_is_not_a_textfile_or_a_window(tmp_path: Path) -> None:
     for extra in (["--textfile", str(tmp_path)], ["--since", "1h"]):
         cmd = _cmd(tmp_path, "--serve", "127.0.0.1:0", *extra)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        assert res.returncode == 2 and "--serve: not with --textfile or --since" in res.stderr
+        assert res.returncode == 1 and "--serve: not with --textfile or --since" in res.stderr, res.stderr

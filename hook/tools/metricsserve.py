@@ -115,8 +115,12 @@ def serve(listen: str, produce: Callable[[], str]) -> tuple[str, int]:
     return "", 0
 
 
-def serve_metrics(listen: str, log: Path) -> tuple[str, int]:
-    """``hook metrics --serve``: each scrape adds what the log gained since the last one."""
+def serve_metrics(listen: str, log: Path, *, alone: bool = True) -> tuple[str, int]:
+    """``hook metrics --serve``: each scrape adds what the log gained since the last one. Not
+    ``alone`` (with ``--textfile`` or ``--since``): an error, since a server keeps no textfile and
+    a window has no counters that only grow."""
+    if not alone:
+        raise InputError("--serve", "", "not with --textfile or --since")
     from hook.tools.metrics import render
     from hook.tools.metricslog import HEADER, collect
 
