@@ -329,14 +329,9 @@ def log_cmd(
 @cli.command("metrics")
 @click.option("--config", "config_file", type=PathArg, help="settings file (log_file, metrics_textfile)")
 @click.option("--file", "log_file", type=PathArg, help="log file to read (default: the settings' log_file)")
-@click.option(
-    "--textfile",
-    is_flag=False,
-    flag_value="",
-    default=None,
-    metavar="[PATH]",
-    help="replace the node_exporter textfile (*.prom or its dir; default: the settings' metrics_textfile)",
-)
+@click.option("--textfile", is_flag=False, flag_value="", default=None, metavar="[PATH]",
+              help="replace the node_exporter textfile (*.prom or its dir; default: the settings' "
+              "metrics_textfile)")  # fmt: skip
 @click.option("--since", default="", help="only records since then, as hook log (not with --textfile)")
 @click.option("--serve", "listen", default="", metavar="ADDR:PORT", help="serve /metrics there (Prometheus)")
 @click.pass_context

@@ -48,7 +48,8 @@ def test_the_nri_daemonset_mounts_the_socket_and_tolerates_a_missing_plugin() ->
     main = _daemonsets(_render().stdout)["oci-device-hook"]
     pod = ds["spec"]["template"]["spec"]
     assert ds["metadata"]["namespace"] == main["metadata"]["namespace"]
-    assert pod["nodeSelector"] == main["spec"]["template"]["spec"]["nodeSelector"]
+    for key in ("nodeSelector", "affinity", "tolerations"):  # the main DaemonSet's nodes
+        assert pod.get(key) == main["spec"]["template"]["spec"].get(key), key
     assert ds["spec"]["template"]["metadata"]["annotations"] == {TOLERATE: "true"}
     assert pod["hostPID"] is True
     (c,) = pod["containers"]
