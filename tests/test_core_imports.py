@@ -41,6 +41,7 @@ SHELL = {
     "routes/serve.py",
     "routes/wrapper.py",
     "routes/nri/daemon.py",  # `hook nri`: one stderr line when registered, dropped, or a late narrowing
+    "tools/metricsserve.py",  # `hook metrics --serve`: one stderr line when listening, one per failed scrape
     "routes/act.py",  # the one apply-and-log step: writes the decision's stderr text and exit
 }
 
