@@ -35,18 +35,24 @@ def _fake_gpus() -> None:
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(195, i))
 
 
-def _container(work: Path, name: str) -> dict[str, Any]:
-    """A privileged-like container holding every card, created and waiting at the exec fifo."""
+def _container(
+    work: Path, name: str, *, privileged: bool = True, bounding: list[str] | None = None
+) -> dict[str, Any]:
+    """A privileged-like container holding every card (else a plain one with the ``bounding``
+    set), created and waiting at the exec fifo."""
     cid = secrets.token_hex(32)
+    cards = [
+        {"path": f"/dev/nvidia{i}", "type": "c", "major": 195, "minor": i, "fileMode": 0o666}
+        for i in range(GPUS)
+    ]
     b = build_bundle(
         work / name,
         probe_args(PROBES),
-        devices=[
-            {"path": f"/dev/nvidia{i}", "type": "c", "major": 195, "minor": i, "fileMode": 0o666}
-            for i in range(GPUS)
-        ],
-        cgroup_devices=[{"allow": True, "access": "rwm"}],
+        devices=cards if privileged else [],
+        cgroup_devices=[{"allow": True, "access": "rwm"}] if privileged else None,
     )
+    if bounding is not None:
+        b.config["process"]["capabilities"] = {k: bounding for k in ("bounding", "effective", "permitted")}
     b.config["linux"]["cgroupsPath"] = f"/odh-live/{cid}"
     b.write()
     os.mknod(b.rootfs / "tmp" / "n0", 0o666 | stat.S_IFCHR, os.makedev(195, 0))
@@ -158,6 +164,28 @@ def main(work: Path, case: str) -> dict[str, Any]:
         helper.kill()
         inside.kill()
         result["b"] = _run_and_probe(b)
+    if case == "caps":  # management caps need CAP_SYS_ADMIN: NRI does not say; the process does
+        env = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_MIG_CONFIG_DEVICES=all"]
+        for name, bounding in (("without", []), ("with", ["CAP_SYS_ADMIN"])):
+            c = _container(work, name, privileged=False, bounding=bounding)
+            ctr = f.container(
+                c["id"], sandbox="p" * 64, name=CONTAINER, state=1, env=env, cgroups_path=c["cgroups_path"]
+            )
+            created = rt.call("CreateContainer", f.event(f.pod(id="p" * 64, namespace="gpu-operator"), ctr))
+            ctr = f.container(
+                c["id"],
+                sandbox="p" * 64,
+                name=CONTAINER,
+                env=env,
+                cgroups_path=c["cgroups_path"],
+                pid=c["pid"],
+            )
+            started = rt.call("StartContainer", f.event(f.pod(id="p" * 64, namespace="gpu-operator"), ctr))
+            result[name] = {
+                "create": [created.code, len(f.adjust_of(created.payload)["devices"])],
+                "start": [started.code, started.message],
+            }
+            subprocess.run([RUNC, "--root", str(c["state"]), "delete", "-f", c["id"]], timeout=30)
     rt.close()
     result["a"] = _run_and_probe(a)
     log = work / "hook.log"

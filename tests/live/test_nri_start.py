@@ -76,3 +76,15 @@ def test_synchronize_narrows_a_container_started_while_the_daemon_was_away(
     (rec,) = out["records"]
     assert rec["late"] is True and rec["stage"] == "synchronize" and rec["verdict"] == "apply"
     assert "late: narrowed container" in out["stderr"]
+
+
+def test_management_caps_need_cap_sys_admin_read_from_the_started_process(tmp_path: Path) -> None:
+    """NRI carries no capabilities: create answers as if CAP_SYS_ADMIN were there, start reads the
+    process's bounding set and refuses the container whose set lacks it, with the routes' line."""
+    out = drive(tmp_path, "caps", cgroup2=False)
+    assert out["without"]["create"][0] == 0 and out["with"]["create"][0] == 0
+    code, message = out["without"]["start"]
+    assert code == 7 and message.startswith(
+        "oci-device-hook: deny: NVIDIA_MIG_CONFIG_DEVICES=all needs CAP_SYS_ADMIN"
+    )
+    assert out["with"]["start"] == [0, ""]
