@@ -11,7 +11,7 @@ from hook.adapters.allowlist import UNNAMED, access_of
 from hook.core.record import replace
 from hook.core.rules import DENY_ALL, Access, DeviceType, Rule, rule_number
 
-__all__ = ["as_allow_list", "fold_rules", "last_touching"]
+__all__ = ["as_allow_list", "drop_shadowed", "fold_rules", "last_touching"]
 
 
 def last_touching(rules: list[Any], rule: dict[str, Any]) -> Any:
@@ -98,3 +98,18 @@ def as_allow_list(
                 if access & ~covered:
                     out.append(Rule(allow=True, type=t, major=major, minor=minor, access=access))
     return tuple(out)
+
+
+def drop_shadowed(rules: Sequence[Rule]) -> list[Rule]:
+    """``hook.core.rules._drop_shadowed`` as a pass over the later rules per rule."""
+    from hook.core.rules import covers
+
+    kept: list[Rule] = []
+    for i, rule in enumerate(rules):
+        access = rule.access
+        for later in rules[i + 1 :]:
+            if covers(later, rule):
+                access &= ~later.access
+        if access:
+            kept.append(rule if access == rule.access else replace(rule, access=access))
+    return kept

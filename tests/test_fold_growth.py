@@ -108,3 +108,20 @@ def test_decide_spec_work_grows_no_faster_than_the_node(
         if n > small[f] * BIG / SMALL
     }
     assert not steep, f"grows faster than the GPUs ({BIG} / {SMALL}): {steep}"
+
+
+def test_normalize_work_grows_no_faster_than_the_rules() -> None:
+    """The slice pod's plan as the v2 writer normalizes it (``hook.adapters.apply.bpf``): allow-all,
+    then one deny per other node. Linear up to a factor of two (terms per neighbour pair, a deny
+    costing more than the allow): the old shadow dropping, a pass over every later rule per rule,
+    made it 341x against a rule ratio of 28."""
+    from hook.core.rules import Access, DeviceType, Rule, normalize
+
+    def plan(n: int) -> list[Rule]:
+        denies = [
+            Rule(allow=False, type=DeviceType.CHAR, major=195, minor=m, access=Access.RWM) for m in range(n)
+        ]
+        return [Rule(allow=True), *denies]
+
+    small, big = (sum(lines_run(lambda n=n: normalize(plan(n))).values()) for n in (SMALL, BIG))
+    assert big / small <= 2 * (BIG + 1) / (SMALL + 1), (small, big)

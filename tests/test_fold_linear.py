@@ -1,5 +1,6 @@
-"""The indexed spec-level folding (``hook.adapters.specwriter``, ``hook.adapters.allowlist``)
-gives exactly what the plain scans it replaced gave (``tests.fold_oracle``), on random rules."""
+"""The indexed spec-level folding (``hook.adapters.specwriter``, ``hook.adapters.allowlist``), rule
+evaluator (``hook.core.rules.Verdicts``) and shadow dropping (``normalize``) give exactly what the
+plain scans they replaced gave (``tests.fold_oracle``), on random rules."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from hypothesis import strategies as st
 from hook.adapters import allowlist, specwriter
 from hook.adapters.allowlist import UNNAMED, HostDevices, access_of, as_allow_list
 from hook.adapters.specwriter import fold_plan
+from hook.core import rules as rules_module
 from hook.core.plan import Plan, Verdict
-from hook.core.rules import Access, DeviceType, Rule, Verdicts, evaluate
+from hook.core.rules import Access, DeviceType, Rule, Verdicts, evaluate, normalize
 from tests import fold_oracle
 
 C, B = DeviceType.CHAR, DeviceType.BLOCK
@@ -135,3 +137,16 @@ def test_whole_fold_with_a_host_is_the_scanning_one(
     ):
         old = _fold(config_rules, plan_rules, host)
     assert new == old
+
+
+@settings(max_examples=500, deadline=None)
+@given(rules=st.lists(rule_st, max_size=14))
+def test_shadow_dropping_is_the_scanning_one(rules: list[Rule]) -> None:
+    """``normalize``'s first step, indexed, against the pass over every later rule per rule."""
+    assert rules_module._drop_shadowed(rules) == fold_oracle.drop_shadowed(rules)
+    assert normalize(rules) == normalize_with(fold_oracle.drop_shadowed, rules)
+
+
+def normalize_with(drop: Any, rules: list[Rule]) -> tuple[Rule, ...]:
+    with mock.patch.object(rules_module, "_drop_shadowed", drop):
+        return normalize(rules)
