@@ -25,7 +25,7 @@ from hook.routes.options import Options
 
 __all__ = ["MAX_BACKOFF", "MIN_BACKOFF", "log_answer", "run"]
 
-MIN_BACKOFF, MAX_BACKOFF = 0.5, 30.0
+MIN_BACKOFF, MAX_BACKOFF = 0.5, 5.0  # a unix connect is cheap: the runtime back sooner is served sooner
 
 
 def say(text: str) -> None:
