@@ -246,3 +246,15 @@ def test_a_refused_registration_ends_the_session_and_backs_off(
     assert not t.is_alive() and slept == [0.5, 1.0]
     err = capsys.readouterr().err
     assert err.count("not registered as 90-oci-device-hook") == 2 and "plugin index taken" in err
+
+
+def test_cdi_devices_nri_lists_are_a_request_the_kubelets_files_must_vouch_for(bed: Bed) -> None:
+    """NRI's ``CDI_devices`` carry what the kubelet put in the CRI request, but the daemon cannot
+    authenticate the socket: they are weighed like a CDI annotation, so a card the kubelet's
+    checkpoint does not allocate stays denied."""
+    bed.rt.handshake()
+    r = bed.rt.call("CreateContainer", _privileged(cdi=["nvidia.com/gpu=0"]))
+    assert r.code == 0
+    (rec,) = bed.records()
+    assert "/dev/nvidia0" in rec["denied"] and "/dev/nvidia1" not in rec["denied"]
+    assert any("nri-cdi-devices=nvidia.com/gpu=0 ignored" in w for w in rec["warnings"])
