@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from hook.adapters.log import write_log
@@ -77,3 +78,52 @@ def test_lines_are_json_dumps_text_without_importing_json() -> None:
     ]
     for rec in records:
         assert dumps(rec) == json.dumps(rec, sort_keys=True, default=str)
+
+
+# --- issue 36 item 1: the log renames, truncates or replaces only what the hook created as its log
+
+
+PRECIOUS = "precious\n" * 600  # 5,400 bytes: past max_bytes below, so the first design rotated it
+
+
+def test_a_file_the_hook_did_not_create_is_never_rotated(tmp_path: Path) -> None:
+    """A host file at the log path (settings naming it) past the size limit: not renamed to .1,
+    not replaced, not written; the error text says why."""
+    victim = tmp_path / "victim"
+    victim.write_text(PRECIOUS)
+    err = write_log({"id": "c"}, victim, max_bytes=4096)
+    assert err is not None and "did not create" in err, err
+    assert victim.read_text() == PRECIOUS and not (tmp_path / "victim.1").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
+
+
+def test_zero_backups_never_removes_a_foreign_file(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text(PRECIOUS)
+    assert write_log({"id": "c"}, victim, max_bytes=4096, backups=0) is not None
+    assert victim.read_text() == PRECIOUS
+
+
+def test_a_foreign_file_at_a_backup_name_is_never_replaced(tmp_path: Path) -> None:
+    """Our log is rotated only while every name it moves onto is absent or ours: a host file at
+    ``hook.log.2`` stops the rotation (the oldest backup would replace it)."""
+    log = tmp_path / "hook.log"
+    for i in range(6):
+        assert write_log({"n": i, "pad": "x" * 40}, log, max_bytes=130, backups=2) is None
+    foreign = tmp_path / "hook.log.2"
+    (tmp_path / "host-file").write_text(PRECIOUS)
+    (tmp_path / "host-file").rename(foreign)  # over the oldest backup: a host file holds its name
+    for i in range(4):
+        write_log({"n": i, "pad": "x" * 40}, log, max_bytes=130, backups=2)
+    assert foreign.read_text() == PRECIOUS
+    assert (tmp_path / "hook.log.1").exists()  # nothing of ours was dropped either
+
+
+def test_a_hardlink_at_the_log_path_is_not_written_through(tmp_path: Path) -> None:
+    """A second name for another file (``ln`` by a container with the host's log dir) is never
+    appended to: the file it names is not the hook's log."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    os.link(victim, tmp_path / "hook.log")
+    err = write_log({"id": "c"}, tmp_path / "hook.log")
+    assert err is not None and victim.read_text() == "keep\n"

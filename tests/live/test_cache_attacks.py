@@ -145,3 +145,20 @@ def test_a_rewritten_cdi_cache_body_adds_no_device(
     want = {"/dev/nvidia0": "ENXIO", "/dev/nvidia1": "ENOENT", "/tmp/n1": "EPERM"}
     assert parse_probe(outs[0].read_text()) == want, outs[0].read_text()
     assert parse_probe(outs[2].read_text()) == want, outs[2].read_text()
+
+
+def test_the_log_never_rotates_a_file_the_hook_did_not_create(
+    bundle_dir: Path, host: dict[str, Path], tmp_path: Path
+) -> None:
+    """Settings whose ``log_file`` names a host file past ``log_max_bytes`` (what the forged record
+    did, here written by the operator): the slice pod is narrowed and started, the host file is
+    not renamed to ``.1``, not replaced and not written."""
+    victim = tmp_path / "victim"
+    precious = "precious\n" * 600
+    victim.write_text(precious)
+    host["settings"].write_text(f"log_file: {victim}\nlog_max_bytes: 4096\n")
+    pod, out = slice_pod(bundle_dir, host), tmp_path / "pod.out"
+    text = in_view([runc_line(pod, out)])
+    print(text, out.read_text())
+    assert parse_probe(out.read_text()) == {"/dev/nvidia1": "ENXIO", "/dev/nvidia0": "ENOENT", "/tmp/n0": "EPERM"}
+    assert victim.read_text() == precious and not Path(f"{victim}.1").exists()
