@@ -160,5 +160,9 @@ def test_the_log_never_rotates_a_file_the_hook_did_not_create(
     pod, out = slice_pod(bundle_dir, host), tmp_path / "pod.out"
     text = in_view([runc_line(pod, out)])
     print(text, out.read_text())
-    assert parse_probe(out.read_text()) == {"/dev/nvidia1": "ENXIO", "/dev/nvidia0": "ENOENT", "/tmp/n0": "EPERM"}
+    assert parse_probe(out.read_text()) == {
+        "/dev/nvidia1": "ENXIO",
+        "/dev/nvidia0": "ENOENT",
+        "/tmp/n0": "EPERM",
+    }
     assert victim.read_text() == precious and not Path(f"{victim}.1").exists()
