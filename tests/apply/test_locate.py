@@ -37,31 +37,31 @@ def target(cgroup: str, mounts: str) -> CgroupTarget:
 
 def test_hybrid_host_is_v1_even_with_a_0_line() -> None:
     assert target(HYBRID_CGROUP, HYBRID_MOUNTS) == CgroupTarget(
-        version=1, path=Path("/sys/fs/cgroup/devices/ctr/abc")
+        version=1, path="/sys/fs/cgroup/devices/ctr/abc"
     )
 
 
 def test_unified_host_is_v2_from_the_0_line() -> None:
     assert target("0::/kubepods/pod1/c1\n", UNIFIED_MOUNTS) == CgroupTarget(
-        version=2, path=Path("/sys/fs/cgroup/kubepods/pod1/c1")
+        version=2, path="/sys/fs/cgroup/kubepods/pod1/c1"
     )
 
 
 def test_mount_root_is_stripped_from_the_cgroup_path() -> None:
     mounts = "53 48 0:33 /kubepods /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
     got = target("5:devices:/kubepods/pod1/c1\n", mounts)
-    assert got.path == Path("/sys/fs/cgroup/devices/pod1/c1")
+    assert got.path == "/sys/fs/cgroup/devices/pod1/c1"
 
 
 def test_combined_controllers_line_matches_devices() -> None:
     mounts = "53 48 0:33 / /sys/fs/cgroup/devices,memory rw - cgroup cgroup rw,memory,devices\n"
     got = target("3:memory,devices:/c\n", mounts)
-    assert got == CgroupTarget(version=1, path=Path("/sys/fs/cgroup/devices,memory/c"))
+    assert got == CgroupTarget(version=1, path="/sys/fs/cgroup/devices,memory/c")
 
 
 def test_escaped_mount_point_is_unescaped() -> None:
     mounts = r"53 48 0:33 / /sys/fs/cgroup/my\040devs rw - cgroup cgroup rw,devices" + "\n"
-    assert target("5:devices:/c\n", mounts).path == Path("/sys/fs/cgroup/my devs/c")
+    assert target("5:devices:/c\n", mounts).path == "/sys/fs/cgroup/my devs/c"
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_find_reads_fake_proc(tmp_path: Path) -> None:
     (tmp_path / "self").mkdir()
     (tmp_path / "42" / "cgroup").write_text(HYBRID_CGROUP)
     (tmp_path / "self" / "mountinfo").write_text(HYBRID_MOUNTS)
-    assert find(42, proc=tmp_path).path == Path("/sys/fs/cgroup/devices/ctr/abc")
+    assert find(42, proc=tmp_path).path == "/sys/fs/cgroup/devices/ctr/abc"
 
 
 def test_find_missing_proc_file_names_it(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_find_on_this_host_matches_own_cgroup_file() -> None:
     text = Path(f"/proc/{os.getpid()}/cgroup").read_text()
     line = next(ln for ln in text.splitlines() if (":devices:" in ln) == (got.version == 1) and ln)
     assert str(got.path).endswith(line.split(":", 2)[2].rstrip("/")) or line.endswith(":/")
-    assert got.path.is_dir()
+    assert os.path.isdir(got.path)
 
 
 def test_a_mount_stacked_on_the_devices_hierarchy_is_the_one_used() -> None:
@@ -138,12 +138,12 @@ def test_a_mount_stacked_on_the_devices_hierarchy_is_the_one_used() -> None:
         "90 53 0:33 /guard /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n"
     )
     got = target("5:devices:/guard/odh-live/c1\n", mounts)
-    assert got == CgroupTarget(version=1, path=Path("/sys/fs/cgroup/devices/odh-live/c1"))
+    assert got == CgroupTarget(version=1, path="/sys/fs/cgroup/devices/odh-live/c1")
     v2 = (
         "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
         "91 30 0:26 /guard /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
     )
-    assert target("0::/guard/c2\n", v2) == CgroupTarget(version=2, path=Path("/sys/fs/cgroup/c2"))
+    assert target("0::/guard/c2\n", v2) == CgroupTarget(version=2, path="/sys/fs/cgroup/c2")
 
 
 # ---- issue 11 item 2: the state's pid must be a container's ------------------------------------
@@ -214,9 +214,7 @@ def fake_proc(tmp_path: Path, cgroup: str, *, same_ns: bool) -> Path:
 
 def test_find_container_accepts_a_container(tmp_path: Path) -> None:
     proc = fake_proc(tmp_path, HYBRID_CGROUP, same_ns=False)
-    assert find_container(42, "/ctr/abc", source="state", proc=proc).path == Path(
-        "/sys/fs/cgroup/devices/ctr/abc"
-    )
+    assert find_container(42, "/ctr/abc", source="state", proc=proc).path == "/sys/fs/cgroup/devices/ctr/abc"
 
 
 @pytest.mark.parametrize(
@@ -246,3 +244,46 @@ def test_mountinfo_octal_escapes_are_three_digits() -> None:
     """``\\040`` is a space and ``\\134`` a backslash (proc(5)); both forms in one mount point."""
     (m,) = parse_mountinfo("53 48 0:33 / /sys/fs/a\\040b\\134c rw - cgroup cgroup rw,devices\n", "mi")
     assert m.mount_point == "/sys/fs/a b\\c"
+
+
+def _pathlib_target(cgroup: str, root: str, mount_point: str) -> str | None:
+    """What ``resolve`` computed with pathlib (before issue 35): None where it refused."""
+    from pathlib import PurePosixPath
+
+    cg, rt = PurePosixPath(cgroup), PurePosixPath(root)
+    if not cg.is_absolute() or ".." in cg.parts or not rt.is_absolute() or ".." in rt.parts:
+        return None
+    try:
+        return str(PurePosixPath(mount_point) / cg.relative_to(rt))
+    except ValueError:
+        return None
+
+
+def test_paths_are_read_as_pathlib_reads_them() -> None:
+    """Issue 35 item 1: locate reads paths without pathlib (it would cost every applied start re,
+    fnmatch, urllib.parse and ipaddress); every spelling reads as ``PurePosixPath`` reads it,
+    ``//`` (kept by POSIX) and ``///`` included, and the cgroup found is pathlib's."""
+    import random
+    from pathlib import PurePosixPath
+
+    from hook.adapters.apply import locate
+
+    rng = random.Random(35)
+    pieces = ["", ".", "..", "a", "b", "c d", "/", "//", "///"]
+    spellings = {"", "/", "//", "///", ".", "a", "/a/", "//a", "///a//b/.", "a/./b", "/a/../b"}
+    spellings |= {"".join(rng.choice(pieces) + rng.choice(["/", "//", ""]) for _ in range(rng.randint(1, 5)))
+                  for _ in range(400)}  # fmt: skip
+    for p in sorted(spellings):
+        assert locate._parts(p) == PurePosixPath(p).parts, p
+        assert locate.path_text(p) == str(PurePosixPath(p)), p
+    roots = ["/", "//", "/a", "/a/", "//a", "/a/b", "/b", "/a/..", "a"]
+    for cgroup in sorted(spellings):
+        for root in roots:
+            mounts = (locate.Mount(root=root, mount_point="/sys/fs/cgroup/devices", fstype="cgroup",
+                                   super_options=("rw", "devices")),)  # fmt: skip
+            lines = (locate.CgroupLine(hierarchy=4, controllers=("devices",), path=cgroup),)
+            try:
+                got: str | None = locate.resolve(lines, mounts, cgroup_source="c", mount_source="m").path
+            except (InputError, ApplyError):
+                got = None
+            assert got == _pathlib_target(cgroup, root, "/sys/fs/cgroup/devices"), (cgroup, root)

@@ -170,7 +170,7 @@ def test_locate_failure_is_apply_error(tmp_path: Path) -> None:
 
 def test_v1_target_does_not_import_cgroup_v2(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "hook.adapters.apply.cgroup_v2", raising=False)
-    transaction.cgroup_adapter(transaction.locate.CgroupTarget(version=1, path=Path("/x")))
+    transaction.cgroup_adapter(transaction.locate.CgroupTarget(version=1, path="/x"))
     assert "hook.adapters.apply.cgroup_v2" not in sys.modules
 
 
@@ -230,7 +230,7 @@ def test_an_os_error_is_reported_by_its_file_and_strerror(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(devnodes, "apply", boom)
     plan = Plan(verdict=Verdict.APPLY, reason="test", create=(CAP2,))
-    target = transaction.locate.CgroupTarget(version=1, path=Path("/nonexistent"))
+    target = transaction.locate.CgroupTarget(version=1, path="/nonexistent")
     with pytest.raises(ApplyError) as info:
         apply_plan(plan, 42, target=target)
     assert (info.value.file, info.value.field, info.value.reason) == (

@@ -148,7 +148,7 @@ def main(work: Path, case: str) -> dict[str, Any]:
 
         # a process of the daemon's own mount namespace, moved into container a's device cgroup
         inside = subprocess.Popen(["sleep", "30"])
-        (find(a["pid"]).path / "cgroup.procs").write_text(f"{inside.pid}\n")
+        (Path(find(a["pid"]).path) / "cgroup.procs").write_text(f"{inside.pid}\n")
         time.sleep(0.3)
         tries = {
             "daemon-pid": _event(a, pid=os.getpid()),

@@ -15,12 +15,15 @@ every exception and switches to default allow (deny).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from hook.core.errors import ApplyError
 from hook.core.record import record
 from hook.core.rules import Access, DeviceType, Rule
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from os import PathLike
 
 __all__ = ["AppliedV1", "CgroupV1", "ListEntry", "check_effect", "parse_list"]
 
@@ -171,21 +174,26 @@ class AppliedV1:
 class CgroupV1:
     """One container's v1 device cgroup directory (``/sys/fs/cgroup/devices/<path>``)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: str | PathLike[str]) -> None:
+        self.path = os.fspath(path)  # str: pathlib would cost every applied start re and more
         self._saved: tuple[str, ...] | None = None
         self._rules: tuple[Rule, ...] = ()
 
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
     def read_list(self) -> tuple[str, ...]:
+        from hook.adapters.apply.locate import read_text
+
         try:
-            text = (self.path / "devices.list").read_text()
+            text = read_text(self._file("devices.list"))
         except OSError as exc:
-            raise ApplyError(str(self.path / "devices.list"), "", exc.strerror or str(exc)) from exc
+            raise ApplyError(self._file("devices.list"), "", exc.strerror or str(exc)) from exc
         return tuple(line for line in text.splitlines() if line.strip())
 
     def _write(self, name: str, line: str) -> None:
         """Exactly one rule per write; O_APPEND so a plain-file fake records the sequence."""
-        target = self.path / name
+        target = self._file(name)
         try:
             fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             try:
@@ -193,7 +201,7 @@ class CgroupV1:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise ApplyError(str(target), f"write {line}", exc.strerror or str(exc)) from exc
+            raise ApplyError(target, f"write {line}", exc.strerror or str(exc)) from exc
 
     def apply(self, rules: Iterable[Rule]) -> AppliedV1:
         """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect."""
@@ -206,10 +214,10 @@ class CgroupV1:
             self._write("devices.allow" if rule.allow else "devices.deny", line)
             written.append(("allow " if rule.allow else "deny ") + line)
         after = self.read_list()
-        failed = check_effect(parse_list("\n".join(after), str(self.path / "devices.list")), rules)
+        failed = check_effect(parse_list("\n".join(after), self._file("devices.list")), rules)
         if failed:
             raise ApplyError(
-                str(self.path / "devices.list"),
+                self._file("devices.list"),
                 "",
                 "rules without effect after writing: " + ", ".join(failed),
             )

@@ -26,19 +26,22 @@ the skipped paths come back in ``Undo.skipped`` for the report's warnings.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
-from collections.abc import Sequence
-from pathlib import Path
 
 from hook.adapters.apply.devpath import Change, DevDir, open_child_dir, run_actions, split_container_path
+from hook.adapters.apply.locate import path_text
+from hook.adapters.log import dumps  # json's own C encoder and scanner: the json package loads re
 from hook.core.errors import ApplyError
-from hook.core.plan import Node
 from hook.core.record import fields, record
+from hook.sources.privatefile import loads
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from os import PathLike
     from typing import Any
+
+    from hook.core.plan import Node
 
 __all__ = ["Change", "Undo", "apply", "split_container_path"]
 
@@ -122,7 +125,7 @@ def _child(
         report["skipped"] = dev.skipped
     status = 1
     try:
-        os.write(wfd, json.dumps(report).encode())
+        os.write(wfd, dumps(report).encode())
         status = 0
     finally:
         os._exit(status)  # 1: the parent gets no report and fails the step (the runtime aborts the container)
@@ -152,17 +155,17 @@ class _Outcome:
 
 def _in_namespace(
     pid: int,
-    proc: Path,
+    proc: str,
     rootfs: str | None,
     actions: Sequence[tuple[str, Change]],
     host_dev: Sequence[str],
 ) -> _Outcome:
     """Fork a child into ``pid``'s mount namespace to run ``actions``; its journal, skips and error."""
-    ns_path = proc / str(pid) / "ns" / "mnt"
+    ns_path = os.path.join(proc, str(pid), "ns", "mnt")
     try:
         ns_fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise ApplyError(str(ns_path), "open", exc.strerror or str(exc)) from exc
+        raise ApplyError(ns_path, "open", exc.strerror or str(exc)) from exc
     try:
         host_root = os.stat("/")
         rootfs_st = os.stat(rootfs) if rootfs is not None else None
@@ -171,11 +174,12 @@ def _in_namespace(
         raise ApplyError(exc.filename or "/", "stat", exc.strerror or str(exc)) from exc
     ids = ((rootfs_st.st_dev, rootfs_st.st_ino) if rootfs_st else None, (host_root.st_dev, host_root.st_ino))
     host_devs = _host_devs(host_dev)
+    dumps(None)  # the encoder is built here: the child, in the container's namespace, imports nothing
     rfd, wfd = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(rfd)
-        _child(ns_fd, wfd, ids, rootfs, actions, host_devs, str(ns_path))
+        _child(ns_fd, wfd, ids, rootfs, actions, host_devs, ns_path)
     os.close(wfd)
     os.close(ns_fd)
     data = b""
@@ -183,13 +187,13 @@ def _in_namespace(
         data = reader.read()
     _, status = os.waitpid(child, 0)
     try:
-        report = json.loads(data)
+        report = loads(data)
         journal = tuple(Change(**c) for c in report["journal"])
         skipped = tuple((str(p), str(w)) for p, w in report["skipped"])
         error = report["error"]
     except (ValueError, KeyError, TypeError):
         why = f"the helper in the container's namespace exited without a report (wait status {status})"
-        return _Outcome(journal=(), skipped=(), error=(str(ns_path), "", why))
+        return _Outcome(journal=(), skipped=(), error=(ns_path, "", why))
     return _Outcome(journal=journal, skipped=skipped, error=tuple(error) if error else None)
 
 
@@ -200,7 +204,7 @@ class Undo:
     pid: int
     rootfs: str | None
     journal: tuple[Change, ...]
-    proc: Path = Path("/proc")
+    proc: str = "/proc"
     host_dev: tuple[str, ...] = ("/dev",)
     skipped: tuple[tuple[str, str], ...] = ()  # (container path, why) left alone: not the container's /dev
 
@@ -230,7 +234,7 @@ def apply(
     remove: Sequence[str],
     *,
     rootfs: str | None = None,
-    proc: Path = Path("/proc"),
+    proc: str | PathLike[str] = "/proc",
     host_dev: Sequence[str] = ("/dev",),
 ) -> Undo:
     """Create ``create`` and remove ``remove`` in ``pid``'s container; on failure undo and raise.
@@ -260,9 +264,10 @@ def apply(
         )
     for p in remove:
         split_container_path(p)
-    out = _in_namespace(pid, proc, rootfs, actions, host_dev)
+    where = path_text(os.fspath(proc))
+    out = _in_namespace(pid, where, rootfs, actions, host_dev)
     undo = Undo(
-        pid=pid, rootfs=rootfs, journal=out.journal, proc=proc, host_dev=tuple(host_dev), skipped=out.skipped
+        pid=pid, rootfs=rootfs, journal=out.journal, proc=where, host_dev=tuple(host_dev), skipped=out.skipped
     )
     if out.error:
         file, op, reason = out.error

@@ -4,15 +4,21 @@ Rule: the version is what is mounted at ``/sys/fs/cgroup`` in the hook's own mou
 (as runc decides it), never a guess from ``/proc/<pid>/cgroup``: on a hybrid host that file has
 both a ``devices`` line and a ``0::`` line. The path is the mount point joined with the
 container's cgroup path made relative to the mount's root; any ``..`` is refused.
-Parsers take text; only ``find`` and ``_read`` touch the filesystem.
+Parsers take text; only ``find`` and ``_read`` touch the filesystem. Paths are strings read the
+way ``pathlib.PurePosixPath`` reads them (``_parts``; a test holds the two equal): this runs on every
+applied start, and ``pathlib`` would cost it ``re``, ``fnmatch``, ``urllib.parse`` and ``ipaddress``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+import os
 
 from hook.core.errors import ApplyError, InputError
 from hook.core.record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from os import PathLike
 
 __all__ = [
     "CgroupLine",
@@ -24,6 +30,8 @@ __all__ = [
     "find_container",
     "parse_mountinfo",
     "parse_proc_cgroup",
+    "path_text",
+    "read_text",
 ]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -32,7 +40,24 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 @record
 class CgroupTarget:
     version: int  # 1 or 2
-    path: Path
+    path: str  # the cgroup's directory, as pathlib would print it
+
+
+def _parts(path: str) -> tuple[str, ...]:
+    """``PurePosixPath(path).parts``: the anchor (``/``, or ``//`` exactly, as POSIX allows), then
+    every component but empty ones and ``.`` (``..`` is kept)."""
+    if path.startswith("/"):
+        anchor: tuple[str, ...] = ("//",) if path.startswith("//") and not path.startswith("///") else ("/",)
+    else:
+        anchor = ()
+    return anchor + tuple(p for p in path.split("/") if p and p != ".")
+
+
+def _text(parts: tuple[str, ...]) -> str:
+    """``str(PurePosixPath(*parts))`` for parts from ``_parts`` (``.`` when there are none)."""
+    if parts and parts[0] in ("/", "//"):
+        return parts[0] + "/".join(parts[1:])
+    return "/".join(parts) or "."
 
 
 @record
@@ -111,10 +136,10 @@ def cgroup_version(mounts: tuple[Mount, ...], cgroup_root: str = CGROUP_ROOT) ->
     return 2 if at_root and at_root[-1].fstype == "cgroup2" else 1
 
 
-def _checked(path: str, source: str, field: str) -> PurePosixPath:
-    """An absolute path with no ``..`` component; a ``..`` would walk out of the hierarchy."""
-    p = PurePosixPath(path)
-    if not p.is_absolute() or ".." in p.parts:
+def _checked(path: str, source: str, field: str) -> tuple[str, ...]:
+    """An absolute path with no ``..`` component (its ``_parts``); ``..`` would leave the hierarchy."""
+    p = _parts(path)
+    if not p or p[0] not in ("/", "//") or ".." in p:
         raise InputError(source, field, f"unsafe cgroup path {path!r}")
     return p
 
@@ -162,7 +187,7 @@ def expected_cgroup(cgroups_path: str) -> tuple[str, ...]:
         if name.endswith(".slice"):
             return (name,)
         return (f"{prefix}-{name}.scope" if prefix else f"{name}.scope",)
-    return tuple(p for p in PurePosixPath(path).parts if p != "/" and p != ".")
+    return tuple(p for p in _parts(path) if p != "/" and p != ".")
 
 
 def _runs_in(have: tuple[str, ...], want: tuple[str, ...]) -> bool:
@@ -181,7 +206,7 @@ def cgroup_problem(lines: tuple[CgroupLine, ...], version: int, cgroups_path: st
     match, what = _device_lines(lines, version)
     if not match:
         return f"no {what} (cgroup v{version} host)"
-    have = tuple(p for p in PurePosixPath(match[0].path).parts if p != "/")
+    have = tuple(p for p in _parts(match[0].path) if p != "/")
     if not have:
         return f"it is in the root cgroup ({what} {match[0].path!r})"
     want = expected_cgroup(cgroups_path)
@@ -201,37 +226,59 @@ def resolve(
     cg_path = _checked(match[0].path, cgroup_source, what)
     mount = _pick_mount(mounts, version, mount_source)
     root = _checked(mount.root, mount_source, f"{mount.mount_point} root")
-    try:
-        rel = cg_path.relative_to(root)
-    except ValueError:
+    if cg_path[: len(root)] != root:  # PurePosixPath.relative_to: the root's parts, anchor included
         raise ApplyError(
-            cgroup_source, what, f"cgroup {cg_path} is outside the mounted root {root}"
-        ) from None
-    return CgroupTarget(version=version, path=Path(mount.mount_point) / rel)
+            cgroup_source, what, f"cgroup {_text(cg_path)} is outside the mounted root {_text(root)}"
+        )
+    return CgroupTarget(version=version, path=_text(_parts(mount.mount_point) + cg_path[len(root) :]))
 
 
-def _read(path: Path) -> str:
+def read_text(path: str) -> str:
+    """``Path(path).read_text(errors="surrogateescape")`` (UTF-8) with ``os`` alone; ``OSError`` as it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return path.read_text(encoding="utf-8", errors="surrogateescape")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
+def _read(path: str) -> str:
+    try:
+        return read_text(path)
     except OSError as exc:
-        raise InputError(str(path), "", exc.strerror or str(exc)) from exc
+        raise InputError(path, "", exc.strerror or str(exc)) from exc
 
 
-def find(pid: int, proc: Path = Path("/proc")) -> CgroupTarget:
+def path_text(path: str) -> str:
+    """``str(PurePosixPath(path))`` without pathlib."""
+    return _text(_parts(path))
+
+
+def _in(proc: str | PathLike[str], *names: str) -> str:
+    """``str(Path(proc, *names))``."""
+    return path_text(os.path.join(os.fspath(proc), *names))
+
+
+def find(pid: int, proc: str | PathLike[str] = "/proc") -> CgroupTarget:
     """The device cgroup of process ``pid``, seen through the hook's own mounts."""
-    cg_file = proc / str(pid) / "cgroup"
-    mi_file = proc / "self" / "mountinfo"
-    lines = parse_proc_cgroup(_read(cg_file), str(cg_file))
-    mounts = parse_mountinfo(_read(mi_file), str(mi_file))
-    return resolve(lines, mounts, cgroup_source=str(cg_file), mount_source=str(mi_file))
+    cg_file = _in(proc, str(pid), "cgroup")
+    mi_file = _in(proc, "self", "mountinfo")
+    lines = parse_proc_cgroup(_read(cg_file), cg_file)
+    mounts = parse_mountinfo(_read(mi_file), mi_file)
+    return resolve(lines, mounts, cgroup_source=cg_file, mount_source=mi_file)
 
 
-def _namespace_id(path: Path) -> tuple[int, int]:
-    st = path.stat()
+def _namespace_id(path: str) -> tuple[int, int]:
+    st = os.stat(path)
     return st.st_dev, st.st_ino
 
 
-def find_container(pid: int, cgroups_path: str, *, source: str, proc: Path = Path("/proc")) -> CgroupTarget:
+def find_container(
+    pid: int, cgroups_path: str, *, source: str, proc: str | PathLike[str] = "/proc"
+) -> CgroupTarget:
     """``find`` for the pid of a runtime's state, after checking that it is a container's.
 
     A pid in the hook's own mount namespace (a host process), in a root cgroup, or outside
@@ -240,17 +287,17 @@ def find_container(pid: int, cgroups_path: str, *, source: str, proc: Path = Pat
     would be edited on the host's disk.
     """
     try:
-        theirs = _namespace_id(proc / str(pid) / "ns" / "mnt")
-        ours = _namespace_id(proc / "self" / "ns" / "mnt")
+        theirs = _namespace_id(_in(proc, str(pid), "ns", "mnt"))
+        ours = _namespace_id(_in(proc, "self", "ns", "mnt"))
     except OSError as exc:
         raise InputError(source, "pid", f"{pid}: {exc.filename}: {exc.strerror or exc}") from exc
     if theirs == ours:
         raise InputError(source, "pid", f"{pid} is not a container's: it shares the hook's mount namespace")
-    cg_file = proc / str(pid) / "cgroup"
-    mi_file = proc / "self" / "mountinfo"
-    lines = parse_proc_cgroup(_read(cg_file), str(cg_file))
-    mounts = parse_mountinfo(_read(mi_file), str(mi_file))
+    cg_file = _in(proc, str(pid), "cgroup")
+    mi_file = _in(proc, "self", "mountinfo")
+    lines = parse_proc_cgroup(_read(cg_file), cg_file)
+    mounts = parse_mountinfo(_read(mi_file), mi_file)
     problem = cgroup_problem(lines, cgroup_version(mounts), cgroups_path)
     if problem:
         raise InputError(source, "pid", f"{pid} is not a container's: {problem}")
-    return resolve(lines, mounts, cgroup_source=str(cg_file), mount_source=str(mi_file))
+    return resolve(lines, mounts, cgroup_source=cg_file, mount_source=mi_file)

@@ -9,20 +9,20 @@ complete before ``apply_plan`` is called.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from pathlib import Path
-
-from hook.adapters.apply import devnodes, locate
+from hook.adapters.apply import locate
 from hook.adapters.apply.cgroup_v1 import CgroupV1
 from hook.core.errors import ApplyError, HookError
 from hook.core.kpath import container_path
-from hook.core.plan import Plan
 from hook.core.record import field, record, replace
-from hook.core.rules import Rule
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from os import PathLike
     from typing import Any, Protocol
+
+    from hook.core.plan import Plan
+    from hook.core.rules import Rule
 else:
     Protocol = object  # DeviceCgroup is only a type-checking interface
 
@@ -52,9 +52,11 @@ class AppliedInfo:
 def cgroup_adapter(target: locate.CgroupTarget) -> DeviceCgroup:
     """The writer for the located cgroup; v2 is imported only when needed (it loads ctypes bpf)."""
     if target.version == 2:
+        from pathlib import Path
+
         from hook.adapters.apply.cgroup_v2 import CgroupV2
 
-        return CgroupV2(target.path)
+        return CgroupV2(Path(target.path))
     return CgroupV1(target.path)
 
 
@@ -97,7 +99,7 @@ def apply_plan(
     plan: Plan,
     pid: int,
     *,
-    proc: Path = Path("/proc"),
+    proc: str | PathLike[str] = "/proc",
     rootfs: str | None = None,
     target: locate.CgroupTarget | None = None,
     host_dev: Sequence[str] = ("/dev",),
@@ -125,6 +127,8 @@ def apply_plan(
         except (HookError, OSError, ValueError) as exc:
             raise _fail(step, exc, undos, str(target.path)) from exc
     if plan.create or plan.remove:
+        from hook.adapters.apply import devnodes  # ctypes (setns, openat2): only a plan with nodes
+
         try:
             # the paths runc created the nodes at: //dev/x is /dev/x (devnodes refuses any other spelling)
             create = [replace(n, path=container_path(n.path)) for n in plan.create]
