@@ -95,6 +95,8 @@ def run(
         session = Session(sock, plugin, register(name, index), log=say)
         try:
             why = session.run()
+        except Exception as exc:  # a bug ends this session only: the daemon never exits on a peer's bytes
+            why = f"internal error: {type(exc).__name__}: {exc}"
         finally:
             sock.close()
         done += 1

@@ -58,10 +58,13 @@ class Session:
 
     def run(self) -> str:
         """Register and serve until the session ends; why it ended."""
-        self._send(RUNTIME_CONN, frames.request(1, RUNTIME_SERVICE, "RegisterPlugin", self._register))
+        try:
+            self._send(RUNTIME_CONN, frames.request(1, RUNTIME_SERVICE, "RegisterPlugin", self._register))
+        except OSError as exc:  # the runtime closed the socket it had just accepted
+            return f"socket: {exc.strerror or exc}"
         deadline = time.monotonic() + self._register_timeout
         while True:
-            if self.is_registered and not self._ready_now() and self.handler.work():
+            if self.is_registered and not self._ready_now() and self._work():
                 continue
             timeout = None if self.is_registered else deadline - time.monotonic()
             if timeout is not None and timeout <= 0:
@@ -83,6 +86,14 @@ class Session:
                 return f"socket: {exc.strerror or exc}"
             if why:
                 return why
+
+    def _work(self) -> bool:
+        """One deferred item; a bug in one is logged and the item dropped, never the session."""
+        try:
+            return self.handler.work()
+        except Exception as exc:
+            self.log(f"oci-device-hook: internal error in deferred work: {type(exc).__name__}: {exc}")
+            return True
 
     def _ready_now(self) -> bool:
         readable, _, _ = select.select([self.sock], [], [], 0)
