@@ -121,12 +121,6 @@ class Sync:
     more: bool = False
 
 
-def _optional(f: Fields, number: int) -> int | None:
-    """An ``Optional*`` wrapper message's value (value=1); None when the wrapper is absent."""
-    sub = f.message(number)
-    return None if sub is None else sub.int64(1)
-
-
 def _pod(f: Fields | None) -> Pod:
     if f is None:
         return Pod()
@@ -139,15 +133,15 @@ def _device(f: Fields) -> Device:
         type=f.text(2),
         major=f.int64(3),
         minor=f.int64(4),
-        file_mode=_optional(f, 5),
-        uid=_optional(f, 6),
-        gid=_optional(f, 7),
+        file_mode=f.optional(5),
+        uid=f.optional(6),
+        gid=f.optional(7),
     )
 
 
 def _rule(f: Fields) -> CgroupRule:
     return CgroupRule(
-        allow=f.flag(1), type=f.text(2), major=_optional(f, 3), minor=_optional(f, 4), access=f.text(5)
+        allow=f.flag(1), type=f.text(2), major=f.optional(3), minor=f.optional(4), access=f.text(5)
     )
 
 

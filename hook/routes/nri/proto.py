@@ -68,6 +68,16 @@ class Fields:
     def flag(self, number: int) -> bool:
         return self.uint(number) != 0
 
+    def optional(self, number: int) -> int | None:
+        """An ``Optional*`` wrapper message's value (its field 1, as int64); None when absent."""
+        values = self._all(number, bytes)
+        if not values:
+            return None
+        raw = bytes(values[-1])
+        if len(raw) == 2 and raw[0] == 0x08 and raw[1] < 0x80:  # {value: small}: the usual case
+            return raw[1]
+        return decode(raw).int64(1)
+
     def has(self, number: int) -> bool:
         return number in self._by
 
@@ -92,18 +102,25 @@ def decode(buf: bytes) -> Fields:
     by: dict[int, list[int | bytes]] = {}
     pos, end = 0, len(buf)
     while pos < end:
-        key, pos = _varint(buf, pos)
+        key = buf[pos]
+        if key < 0x80:  # one-byte keys and values are nearly all of NRI's: read them inline
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise ValueError("field number 0")
         value: int | bytes
-        if wire == VARINT:
-            value, pos = _varint(buf, pos)
-        elif wire == LEN:
-            size, pos = _varint(buf, pos)
-            if size > end - pos:
-                raise ValueError(f"field {number}: length {size} past the end")
-            value, pos = buf[pos : pos + size], pos + size
+        if wire in (VARINT, LEN):
+            if pos < end and buf[pos] < 0x80:
+                n, pos = buf[pos], pos + 1
+            else:
+                n, pos = _varint(buf, pos)
+            value = n
+            if wire == LEN:
+                if n > end - pos:
+                    raise ValueError(f"field {number}: length {n} past the end")
+                value, pos = buf[pos : pos + n], pos + n
         elif wire in (FIXED64, FIXED32):
             width = 8 if wire == FIXED64 else 4
             if width > end - pos:
@@ -111,7 +128,10 @@ def decode(buf: bytes) -> Fields:
             value, pos = int.from_bytes(buf[pos : pos + width], "little"), pos + width
         else:
             raise ValueError(f"field {number}: wire type {wire} not supported")
-        by.setdefault(number, []).append(value)
+        if number in by:
+            by[number].append(value)
+        else:
+            by[number] = [value]
     return Fields(by)
 
 
