@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -144,37 +145,14 @@ def _simulate(
     output_config: Path | None,
     dra_state: Path | None = None,
 ) -> None:
-    from hook.core.decide import decide
     from hook.core.record import replace
-    from hook.core.report import build_report, render_json, render_text
-    from hook.routes.gather import load_inputs, read_state_file, state_from_bundle
+    from hook.tools.simulate import simulate
 
-    state = read_state_file(state_file) if state_file else state_from_bundle(bundle)
-    state = replace(state, bundle=str(bundle))
     opts = _options(o, use_cache=False, resolve=False)
     if dra_state is not None:
         opts = replace(opts, dra_state=dra_state)
-    inputs = load_inputs(state, opts)
-    plan = decide(inputs)
-    report = build_report(inputs, plan)
-    if output_config is not None:
-        _write_config(inputs, plan, o, output_config)
-    text = render_json(report) if o.get("fmt") == "json" else render_text(report)
-    _finish(text, 3 if report["verdict"] == "deny" else 0)
-
-
-def _write_config(inputs: Any, plan: Any, o: dict[str, Any], out: Path) -> None:
-    """The config ``hook precreate`` would hand the runtime (the same fold: ``precreate.decided_config``)."""
-    from hook.routes.crunguard import check_config
-    from hook.routes.precreate import decided_config
-
-    opts = _options(o, use_cache=False)
-    config = decided_config(inputs, plan, opts.driver_root, opts.spec_dirs)
-    check_config(config, str(out), {}, lambda: opts.driver_root)  # no command line: cgroupsPath tells
-    try:
-        out.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    except OSError as exc:
-        raise HookError(str(out), "", exc.strerror or str(exc)) from None
+    resolved = partial(_options, o, use_cache=False)
+    _finish(*simulate(opts, bundle, state_file, output_config, o.get("fmt") or "text", resolved))
 
 
 @cli.command()
@@ -263,6 +241,7 @@ def doctor(
             o.get("config_file") or DEFAULT_PATH,
             o.get("fmt") or "text",
             containerd_config=containerd_config,
+            driver_root_given=o.get("driver_root") is not None,
         )
     )
 
@@ -317,13 +296,22 @@ def log_cmd(
 
     named = log_file is not None
     if log_file is None:
-        from hook.sources.settingsfile import DEFAULT_PATH, load_settings
-
-        root = ctx.find_root().obj or {}
-        path = config_file or root.get("config_file")
-        settings = load_settings(path or DEFAULT_PATH, required=bool(path))
-        log_file = Path(settings.log_file)
+        log_file = Path(_tool_settings(ctx, config_file, ("log_file",))[0].log_file)
     _finish(*cmd_log(log_file, fmt or ctx.find_root().obj.get("fmt") or "text", must_exist=named, **filters))
+
+
+def _tool_settings(ctx: click.Context, config_file: Path | None, keys: tuple[str, ...]) -> tuple[Any, Path]:
+    """(settings, path) for ``hook log``/``hook metrics``, which must report the failure of a broken
+    settings file rather than share it: the defaults with ``keys`` salvaged, and a warning."""
+    from hook.sources.settingsfile import DEFAULT_PATH, lenient
+
+    path = config_file or (ctx.find_root().obj or {}).get("config_file")
+    settings, error = lenient(path or DEFAULT_PATH, keys, required=bool(path))
+    if error is not None:
+        used = ", ".join(f"{k} {getattr(settings, k) or '(none)'}" for k in keys)
+        click.echo(f"hook: warning: {error}; read with the defaults and what it still says ({used})",
+                   err=True)  # fmt: skip
+    return settings, path or DEFAULT_PATH
 
 
 @cli.command("metrics")
@@ -334,24 +322,25 @@ def log_cmd(
               "metrics_textfile)")  # fmt: skip
 @click.option("--since", default="", help="only records since then, as hook log (not with --textfile)")
 @click.option("--serve", "listen", default="", metavar="ADDR:PORT", help="serve /metrics there (Prometheus)")
+@click.option("--registration", type=PathArg, help="`installer status --write` file: the registered gauge")
 @click.pass_context
 def metrics_cmd(ctx: click.Context, /, config_file: Path | None, log_file: Path | None, textfile: str | None,
-                since: str, listen: str) -> None:  # fmt: skip
+                since: str, listen: str, registration: Path | None) -> None:  # fmt: skip
     """Counters and a latency histogram over the decision log, in the Prometheus text format."""
-    from hook.sources.settingsfile import DEFAULT_PATH, load_settings
-    from hook.tools.metricslog import cmd_metrics, textfile_path
+    from hook.tools.metricslog import cmd_metrics, node_gauges, textfile_path
     from hook.tools.metricsserve import serve_metrics
 
-    path = config_file or (ctx.find_root().obj or {}).get("config_file")
-    settings = load_settings(path or DEFAULT_PATH, required=bool(path))
+    settings, path = _tool_settings(ctx, config_file, ("log_file", "metrics_textfile"))
     log = log_file or Path(settings.log_file)
+    gauges = partial(node_gauges, path, registration)  # each scrape or run: what the node says now
     if listen:
-        _finish(*serve_metrics(listen, log, alone=textfile is None and not since))
+        _finish(*serve_metrics(listen, log, alone=textfile is None and not since, gauges=gauges))
     target = textfile or settings.metrics_textfile
     if (textfile == "" and not target) or (since and textfile is not None):
         raise click.UsageError("--textfile: needs a PATH (or the metrics_textfile setting) and no --since")
     out = textfile_path(Path(target)) if target and not since else None
-    _finish(*cmd_metrics(log, out, write=textfile is not None, must_exist=log_file is not None, since=since))
+    write, named = textfile is not None, log_file is not None
+    _finish(*cmd_metrics(log, out, write=write, must_exist=named, since=since, gauges=gauges()))
 
 
 @cli.group("settings")
@@ -387,12 +376,23 @@ def run(argv: list[str]) -> int:
         return 1
     except HookError as exc:
         sys.stderr.write(f"hook: {exc}\n")
+        _json_error(argv, exc.as_object())
         return exc.exit_code
     except Exception as exc:  # one escaped line, never a traceback (a container's config may be anything)
         from hook.core.escape import clean
 
         sys.stderr.write(f"hook: internal error: {type(exc).__name__}: {clean(exc)}\n")
+        _json_error(argv, {"message": f"internal error: {type(exc).__name__}: {clean(exc)}", "exit_code": 1})
         return 1
+
+
+def _json_error(argv: list[str], error: dict[str, object]) -> None:
+    """With ``--format json`` stdout is a program's: an error is an object there too (stderr keeps
+    its line)."""
+    from itertools import pairwise
+
+    if "--format=json" in argv or ("--format", "json") in pairwise(argv):
+        sys.stdout.write(json.dumps({"error": error}, sort_keys=True) + "\n")
 
 
 cli.add_command(nri_cmd)  # `hook nri`, the NRI route's daemon

@@ -186,7 +186,9 @@ def test_bad_input_cli(name: str, tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     res = hook_cli(*args, "--output-config", str(out_cfg), "--format", "json")
     assert res.returncode == 1, res.stderr
-    assert res.stdout == ""
+    error = json.loads(res.stdout)["error"]  # issue 37 item 6: stdout stays JSON, the error an object
+    assert f"hook: {error['message']}\n" == res.stderr and error["exit_code"] == 1
+    assert error["reason"] and error["reason"] in error["message"] and error["file"] in error["message"]
     _expect(case, res.stderr, bundle, str(state_path), settings)
     assert res.stderr.startswith("hook: ")
     assert not out_cfg.exists()

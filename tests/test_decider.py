@@ -737,3 +737,27 @@ def test_serve_without_a_usable_key_dir_is_one_line_and_exit_1(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no key in" in err, err
     assert not (sockdir / wire.SOCKET_NAME).exists()
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o700])
+def test_the_key_directory_error_shows_the_mode_it_found(tmp_path: Path, mode: int) -> None:
+    """The fact to fix is the mode and owner found: the error says them (make_key refuses another
+    user's directory, the socket dir any open one)."""
+    d = tmp_path / "k"
+    d.mkdir()
+    d.chmod(mode)
+    os.chown(d, 12345, 12345)
+    with pytest.raises(PermissionError) as info:
+        wire.make_key(str(d))
+    assert f"{d}: must be this user's directory, mode 0700" in str(info.value)
+    assert f"found mode {mode:04o}, owner uid 12345 (this process is uid {os.geteuid()})" in str(info.value)
+    link = tmp_path / "link"
+    link.symlink_to(d)
+    with pytest.raises(PermissionError, match="found a symlink"):
+        wire.make_key(str(link))
+    mine = tmp_path / "s"
+    mine.mkdir()
+    mine.chmod(0o755)
+    decider = serve.Decider(str(mine), key=b"k" * 32, opts={}, settings_path=str(tmp_path / "none.yaml"))
+    with pytest.raises(InputError, match=f"found mode 0755, owner uid {os.geteuid()}"):
+        decider.listen()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hook.tools import checks, doctor, doctorhooks
+from tests.bundles import hook_cli
 from tests.hosttree import make_host_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -400,3 +401,28 @@ def test_doctor_warns_where_crun_systemd_and_a_minor_0_accelerator_meet(
         text = render([check], "text")
         assert "! crun systemd driver: /usr/bin/crun with systemd" in text
         assert "    fix: run GPU containers" in text
+
+
+def test_a_broken_settings_file_is_not_reported_as_the_driver_missing(
+    host: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 37 item 6: the settings file names the driver root; when it does not load (and no
+    --driver-root was given), the driver line says the file is at fault, not "no major"."""
+    host["settings"].write_text(f"driver_root: {host['root']}\nprivileged_alocation: narrow\n")
+    default_root = tmp_path / "default-root"  # what the defaults point at: no driver there
+    for given in (False, True):
+        out, code = doctor.run_doctor(
+            default_root, [host["specs"]], [host["hooks"]], host["settings"], "json",
+            mounts_file=host["mounts"], host_root=host["host"], driver_root_given=given,
+        )  # fmt: skip
+        by = _by_name(json.loads(out))
+        assert code == 1 and not by["driver"]["ok"] and "privileged_alocation" in by["settings"]["detail"]
+        if given:  # --driver-root named it: the driver is judged there, as before
+            assert "proc/devices" in by["driver"]["detail"] and "not judged" not in by["driver"]["detail"]
+        else:
+            assert by["driver"]["detail"].startswith(f"not judged: {host['settings']} does not load")
+            assert by["driver"]["fix"] == f"fix {host['settings']} first"
+    host["settings"].write_text(f"driver_root: {host['root']}\n")  # valid: the CLI reads the root from it
+    res = hook_cli("doctor", "--config", str(host["settings"]), "--cdi-spec-dir", str(host["specs"]),
+                   "--hooks-dir", str(host["hooks"]), "--format", "json")  # fmt: skip
+    assert _by_name(json.loads(res.stdout))["driver"]["ok"]

@@ -178,6 +178,7 @@ def test_a_broken_settings_files_line_goes_to_the_log_it_names(tmp_path: Path, b
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["verdict"] for r in records] == ["none", "error"]
     assert all(str(bad) in r["error"] for r in records)
+    assert [r["container"]["id"] for r in records] == ["ctr-1", "ctr-1"]  # the state's id (issue 37 item 2)
 
 
 def test_salvage_log_takes_only_a_valid_unambiguous_log_file(tmp_path: Path) -> None:

@@ -185,6 +185,12 @@ def test_the_textfile_is_never_written_through_a_symlink_nor_over_another_file(t
     code, _, err = metrics(tmp_path, "--textfile", str(tmp_path / "no-such-dir" / "x.prom"))
     assert code == 1 and "no such directory" in err
     assert not (tmp_path / "no-such-dir").exists()
+    for name in ("foo.txt", "node.prom.tmp"):  # a file name whose suffix is the problem, not a directory
+        code, _, err = metrics(tmp_path, "--textfile", str(tmp_path / name))
+        assert code == 1 and len(err.splitlines()) == 1 and "no such directory" not in err, err
+        assert f"{tmp_path / name}: textfile: not a directory, and its suffix" in err
+        assert "is not .prom" in err
+        assert not (tmp_path / name).exists()
     code, _, err = metrics(tmp_path, "--textfile")  # no PATH and no metrics_textfile
     assert code == 2 and "metrics_textfile" in err
 
@@ -326,3 +332,53 @@ def test_late_narrowings_of_the_nri_daemon_are_counted_with_their_outcome(tmp_pa
     late = "oci_device_hook_late_narrowed_total"
     assert total(got, late, outcome="narrowed") == 2 and total(got, late, outcome="failed") == 1
     assert total(got, "oci_device_hook_decisions_total", route="nri") == 6
+
+
+def test_every_counter_series_starts_at_0_and_build_info_is_written(tmp_path: Path) -> None:
+    """Issue 37 item 2: an alert on ``rate(oci_device_hook_errors_total[5m])`` needs the series
+    before the first error; every series of the closed label sets is there at 0 on an empty log."""
+    from hook.core.version import VERSION
+    from hook.tools.metrics import DOMAINS, ROUTES
+
+    settings_file(tmp_path)
+    code, out, _ = metrics(tmp_path)
+    got = samples(out)
+    assert code == 0 and got
+    assert not any(v for (n, _), v in got.items() if not n.endswith(("_info", "_valid")))
+    for verdict, route, engine in itertools.product(DOMAINS["verdict"], DOMAINS["route"], DOMAINS["engine"]):
+        labels = (("engine", engine), ("route", route), ("verdict", verdict))
+        assert got[("oci_device_hook_decisions_total", labels)] == 0
+    for route in ROUTES:
+        assert got[("oci_device_hook_errors_total", (("engine", "containerd"), ("route", route)))] == 0
+        assert got[("oci_device_hook_decision_seconds_count", (("route", route),))] == 0
+    assert got[("oci_device_hook_build_info", (("version", VERSION),))] == 1
+    assert got[("oci_device_hook_settings_valid", ())] == 1
+    write(tmp_path / "hook.log", rec("error", 1, route="wrapper", engine="containerd"))
+    got = samples(metrics(tmp_path)[1])
+    assert got[("oci_device_hook_errors_total", (("engine", "containerd"), ("route", "wrapper")))] == 1
+
+
+@pytest.mark.parametrize("broken", ["privileged_alocation: narrow\n", "privileged_allocation: [narrow\n"])
+def test_log_and_metrics_survive_a_broken_settings_file(tmp_path: Path, broken: str) -> None:
+    """Issue 37 item 2: with the settings file broken (the failure that stops GPU pods), ``hook
+    metrics`` and ``hook log`` still read the log it names, warn once, and the gauge says 0."""
+    log = tmp_path / "operator.log"
+    textdir = tmp_path / "textfile"
+    textdir.mkdir()
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(f"log_file: {log}\nmetrics_textfile: {textdir}\n{broken}")
+    write(log, rec("error", 1, route="precreate", engine="containerd", container={"id": "c1"}, error="x"))
+    printed = ""
+    for args in ([], ["--textfile"]):
+        code, out, err = metrics(tmp_path, *args)
+        printed = printed or out
+        assert code == 0 and err.count("\n") == 1 and err.startswith(f"hook: warning: {settings}"), err
+        assert f"log_file {log}" in err and f"metrics_textfile {textdir}" in err
+    for got in (samples(printed), samples((textdir / "oci-device-hook.prom").read_text())):
+        assert got[("oci_device_hook_settings_valid", ())] == 0
+        assert got[("oci_device_hook_errors_total", (("engine", "containerd"), ("route", "precreate")))] == 1
+    res = hook_cli("log", "--config", str(settings), "--format", "json")
+    assert res.returncode == 0 and res.stderr.startswith(f"hook: warning: {settings}"), res.stderr
+    assert [r["container"]["id"] for r in map(json.loads, res.stdout.splitlines())] == ["c1"]
+    res = hook_cli("metrics", "--config", str(tmp_path / "absent.yaml"))  # named but absent: still an error
+    assert res.returncode == 1 and "no such file" in res.stderr

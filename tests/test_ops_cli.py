@@ -405,3 +405,19 @@ def test_a_missing_inventory_file_is_an_error(tmp_path: Path) -> None:
     assert live.stderr.decode() == f"oci-device-hook: {missing}: no such file (--inventory)\n"
     record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])  # the settings' log
     assert record["verdict"] == "error" and str(missing) in record["error"]
+
+
+def test_format_json_prints_an_error_object_and_text_prints_nothing(tmp_path: Path) -> None:
+    """Issue 37 item 6: a program reading ``--format json`` gets an object on error too (stdout
+    stays JSON); stderr keeps its one line either way, and text mode prints nothing on stdout."""
+    missing = tmp_path / "nope.log"
+    for args in (
+        ["--format", "json", "log", "--file", str(missing)],
+        ["log", "--format=json", "--file", str(missing)],
+    ):
+        res = hook_cli(*args)
+        assert res.returncode == 1 and res.stderr.count("\n") == 1 and str(missing) in res.stderr
+        error = json.loads(res.stdout)["error"]
+        assert res.stderr == f"hook: {error['message']}\n" and error["file"] == str(missing)
+    res = hook_cli("log", "--file", str(missing))
+    assert (res.returncode, res.stdout) == (1, "") and str(missing) in res.stderr

@@ -190,6 +190,22 @@ def test_broken_settings_fail_a_device_container_but_not_a_plain_one(node: dict[
     assert str(node["settings"]) in record["error"]
 
 
+def test_a_broken_settings_error_record_carries_the_container_id_the_runtime_gave(
+    node: dict[str, Any],
+) -> None:
+    """Issue 37 item 2: the id from the wrapper's runtime command line (else the config's hostname)
+    reaches the error record even though the settings failed before the config was read."""
+    node["settings"].write_text(f"log_file: {node['tmp'] / 'hook.log'}\nprivileged_allocation: [\n")
+    env = {"OCI_DEVICE_HOOK_CONTAINER_ID": "ctr-0123abcd"}
+    assert precreate(node, example("slice-privileged"), env=env).returncode == 1
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert (record["verdict"], record["container"]["id"]) == ("error", "ctr-0123abcd")
+    cfg = {**json.loads(example("slice-privileged")), "hostname": "ctr-host-7"}
+    assert precreate(node, json.dumps(cfg).encode()).returncode == 1  # hooks.d precreate: no id given
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert record["container"]["id"] == "ctr-host-7"
+
+
 def test_settings_give_driver_root_and_spec_dirs(tmp_path: Path, node: dict[str, Any]) -> None:
     settings_file(tmp_path, driver_root=str(node["root"]), cdi_spec_dirs=[str(NODE_CDI)])
     node["args"] = ["--inventory", str(NODE_INVENTORY), "--config", str(node["settings"])]

@@ -32,6 +32,14 @@ class HookError(Exception):
                 parts.append(p)
         return ": ".join(clean(p, 1024) for p in parts)
 
+    def as_object(self) -> dict[str, object]:
+        """The error for ``--format json`` (stdout stays JSON on error): each part escaped as in ``str``."""
+        from hook.core.escape import clean
+
+        fields = {"file": self.file, "field": self.field, "reason": self.reason}
+        escaped = {k: clean(v, 1024) for k, v in fields.items()}
+        return {"message": str(self), **escaped, "exit_code": self.exit_code}
+
 
 class InputError(HookError):
     """A file, field or argument the hook was given cannot be used as it is."""

@@ -159,6 +159,10 @@ def _decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec
                 code=0,
                 before=before + f"oci-device-hook: warning: {exc} (container needs no decision: unchanged)\n",
             )
+        if config is None:  # the settings failed first: the config still names the container
+            config = _config_or_none(stdin)
+        if not container:
+            container = _container_id(config, facts) if config is not None else facts.container_id or ""
         record = {"verdict": "error", "stage": "precreate", "container": {"id": container}, "error": str(exc)}
         log = _log_to(settings if settings is not None else salvaged(opts))
         return normalized(
@@ -171,6 +175,14 @@ def _decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec
                 **where(config),
             )
         )
+
+
+def _config_or_none(stdin: bytes) -> OciConfig | None:
+    """The config for the error record's container id and pod, where it parses at all."""
+    try:
+        return parse_config(stdin, SOURCE, "")
+    except HookError:
+        return None
 
 
 def _passes_through(stdin: bytes) -> bool:

@@ -68,7 +68,9 @@ class Decider:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         st = os.lstat(self.directory)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise InputError(self.directory, "", "must be this user's directory, mode 0700, not a symlink")
+            from hook.sources.nodekey import PRIVATE_DIR, found
+
+            raise InputError(self.directory, "", f"{PRIVATE_DIR}; {found(st)}")
         path = os.path.join(self.directory, self.name)
         temp = f"{path}.{os.getpid()}.tmp"
         with _suppress(FileNotFoundError):

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
-    "KEY_BYTES", "KEY_DIR", "KEY_NAME", "SEAL", "digest", "mac", "make_key", "node_key", "read_key",
+    "KEY_BYTES", "KEY_DIR", "KEY_NAME", "PRIVATE_DIR", "SEAL", "digest", "found", "mac", "make_key",
+    "node_key", "read_key",
     "same", "seal", "unseal",
 ]  # fmt: skip
 
@@ -96,6 +97,19 @@ def read_key(directory: str | None = None) -> bytes | None:
     return data if len(data) == KEY_BYTES else None
 
 
+PRIVATE_DIR = "must be this user's directory, mode 0700, not a symlink"
+
+
+def found(st: os.stat_result) -> str:
+    """What a private directory's check found instead (its mode and owner): the one fact an
+    operator needs to fix it (``chmod 0700``, ``chown``) without a second look."""
+    if st.st_mode & 0o170000 == 0o120000:
+        return "found a symlink"
+    kind = "" if st.st_mode & 0o170000 == 0o040000 else "not a directory, "
+    mode = st.st_mode & 0o7777
+    return f"found {kind}mode {mode:04o}, owner uid {st.st_uid} (this process is uid {os.geteuid()})"
+
+
 def make_key(directory: str | None = None) -> bytes:
     """The node's key, created when there is none.
 
@@ -108,13 +122,20 @@ def make_key(directory: str | None = None) -> bytes:
     """
     directory = directory or KEY_DIR
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        import errno
+
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise PermissionError(f"{directory}: {PRIVATE_DIR}; {found(os.lstat(directory))}") from None
     try:
         st = os.fstat(dfd)
         if st.st_uid == os.geteuid() and st.st_mode & 0o077:
             os.fchmod(dfd, 0o700)
         if not _own_private_dir(dfd):
-            raise PermissionError(f"{directory}: must be this user's directory, mode 0700, not a symlink")
+            raise PermissionError(f"{directory}: {PRIVATE_DIR}; {found(os.fstat(dfd))}")
         key = read_key(directory)
         if key is not None:
             return key

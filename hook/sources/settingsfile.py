@@ -40,6 +40,7 @@ __all__ = [  # the values are hook.core.settings'; named here too for the reader
     "load_settings",
     "digest",
     "salvage_log",
+    "lenient",
     "check_file",
 ]
 
@@ -120,11 +121,11 @@ def _load_settings(path: Path, required: bool) -> Settings:
 _loaded: dict[str, tuple[bytes, Settings, bool]] = {}
 
 
-def salvage_log(path: Path) -> Settings:
+def salvage_log(path: Path, keys: tuple[str, ...] = ("log_file", "log_max_bytes")) -> Settings:
     """Where a settings file that does not load still says the log goes: defaults, but with its
-    ``log_file`` / ``log_max_bytes`` when those two are readable and valid (a file broken
-    elsewhere, or YAML that does not parse but holds one plain top-level ``log_file: /path``
-    line). The error about the file then reaches the operator's log, not the default one."""
+    ``log_file`` / ``log_max_bytes`` (or the ``keys`` given) when those are readable and valid (a
+    file broken elsewhere, or YAML that does not parse but holds one plain top-level ``KEY: /path``
+    line for a path key). The error about the file then reaches the operator's log, not the default one."""
     import re
 
     try:
@@ -136,16 +137,33 @@ def salvage_log(path: Path) -> Settings:
         doc = parse_yaml(data, str(path))
     except InputError:
         text = data.decode("utf-8", "replace")
-        found = re.findall(r"(?m)^log_file:[ \t]*(/[^\s#'\"]+)[ \t]*(?:#.*)?$", text)
-        doc = {"log_file": found[0]} if len(found) == 1 else None
+        doc = {}
+        for key in ("log_file", "metrics_textfile"):
+            found = re.findall(rf"(?m)^{key}:[ \t]*(/[^\s#'\"]+)[ \t]*(?:#.*)?$", text)
+            if len(found) == 1:
+                doc[key] = found[0]
     if isinstance(doc, dict):
-        for key in ("log_file", "log_max_bytes"):
+        for key in keys:
             if key in doc:
                 try:  # noqa: SIM105 - contextlib would be one more import on the error path
                     values[key] = convert(key, doc[key], str(path))
                 except InputError:
                     pass
     return Settings(**values)
+
+
+def lenient(
+    path: Path, keys: tuple[str, ...], *, required: bool = False
+) -> tuple[Settings, InputError | None]:
+    """The settings a tool that must survive a broken file reads (``hook log``, ``hook metrics``:
+    the signal of the failure they report): the file's own values where it loads, else the defaults
+    with only ``keys`` salvaged from it, and the error (for a warning, and ``settings_valid``)."""
+    try:
+        return load_settings(path, required=required), None
+    except InputError as exc:
+        if required and not path.exists():
+            raise  # a --config naming no file is the command line's mistake, not a broken file
+        return salvage_log(path, keys), exc
 
 
 def parse_yaml(data: bytes, source: str, duplicates: list[InputError] | None = None) -> Any:

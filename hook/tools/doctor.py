@@ -197,6 +197,17 @@ def check_kubelet_dra(settings_file: Path, root: Path = Path("/")) -> Check:
     return Check("kubelet DRA", *dra_coverage(settings_file, root))
 
 
+def _driver(driver_root: Path, settings: Check, settings_file: Path, given: bool) -> Check:
+    """The driver line; where the settings file that names the driver root does not load (and no
+    ``--driver-root`` was given), a driver not found at the default root is the file's fault, not
+    the driver's: the line says so rather than "driver missing"."""
+    check = check_driver(driver_root)
+    if check.ok or settings.ok or given:
+        return check
+    why = f"not judged: {settings_file} does not load, so its driver_root is unknown (see settings)"
+    return Check("driver", False, f"{why}; at {driver_root}: {check.detail}", f"fix {settings_file} first")
+
+
 def installed_prefix(hook_dir: str) -> str:
     """The install prefix this hook runs from (``hook_dir``: the ``hook`` package's directory):
     ``<prefix>/lib/hook`` (the .deb) or ``<prefix>/versions/<v>/lib/hook`` (the installer), where
@@ -220,6 +231,7 @@ def run_doctor(
     containerd_config: Path | None = None,
     host_root: Path = Path("/"),
     proc: Path | None = None,
+    driver_root_given: bool = True,
 ) -> tuple[str, int]:
     """Run every check; return the report and the exit status (1 when any check failed).
 
@@ -237,14 +249,15 @@ def run_doctor(
         engines[2] = Check("containerd", True, f"not used: {containerd.detail} (the NRI route decides)")
     if not engines[0].ok and (used or on_nri):
         engines[0] = Check(engines[0].name, True, f"not used: {engines[0].detail} (containerd is registered)")
+    settings = check_settings(settings_file)
     checks = [
-        check_driver(driver_root),
+        _driver(driver_root, settings, settings_file, driver_root_given),
         check_cdi(spec_dirs),
         check_cgroup(mounts_file),
         *engines,
         *nri,
         *check_base_spec(config, prefix),
-        check_settings(settings_file),
+        settings,
         check_kubelet(settings_file, host_root),
         check_kubelet_dra(settings_file, host_root),
         check_decider(),

@@ -18,7 +18,7 @@ from typing import Any
 
 from hook.core.record import field, record
 
-__all__ = ["BUCKETS", "Tally", "tally", "render", "parse", "PREFIX"]
+__all__ = ["BUCKETS", "Gauges", "Tally", "tally", "render", "parse", "PREFIX"]
 
 PREFIX = "oci_device_hook"
 VERDICTS = frozenset({"none", "apply", "deny", "error"})
@@ -59,6 +59,25 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         (),
     ),
 }
+# every series of the closed sets is written from the start, at 0: a rate() or an alert on a
+# series needs it before the first event (what is "other" or "unknown" appears when seen)
+DOMAINS: dict[str, frozenset[str]] = {
+    "verdict": VERDICTS, "route": ROUTES, "engine": ENGINES, "outcome": DECIDER | {"none"},
+}  # fmt: skip
+LATE_OUTCOMES = frozenset({"narrowed", "failed"})  # late_narrowed's own outcome label
+GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "settings_valid": (
+        "1 when the settings file hook metrics read loads; 0 when it does not (the hook then fails "
+        "every container that asks for a device: page on it).",
+        (),
+    ),
+    "build_info": ("The version of oci-device-hook that wrote these metrics (value 1).", ("version",)),
+    "registered": (
+        "1 while the engine runs the hook for this runtime handler (registered, and the engine started "
+        "after the registration); 0 on drift: unregistered, or registered but not restarted.",
+        ("engine", "handler"),
+    ),
+}
 HISTOGRAM = "decision_seconds"
 HISTOGRAM_HELP = (
     "Seconds from the hook's start (its first import, after the interpreter's own start-up) to its "
@@ -74,6 +93,15 @@ class Tally:
     counters: Mapping[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)
     buckets: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     sums: Mapping[str, float] = field(default_factory=dict)
+
+
+@record
+class Gauges:
+    """What the node says now, beside the counts: whether the settings file loads (None: not
+    known, not written) and, per (engine, handler), whether the engine runs the hook."""
+
+    settings_valid: bool | None = None
+    registered: Mapping[tuple[str, str], bool] = field(default_factory=dict)
 
 
 def _one_of(value: Any, known: frozenset[str]) -> str:
@@ -150,29 +178,61 @@ def _le(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
-def render(t: Tally) -> str:
+def _zeros(t: Tally) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The counts with every series of the closed label sets present (0 where none was counted)."""
+    import itertools
+
+    counters = dict(t.counters)
+    for name, (_text, labels) in COUNTERS.items():
+        domains = [LATE_OUTCOMES if name == "late_narrowed" else DOMAINS[label] for label in labels]
+        for values in itertools.product(*(sorted(d) for d in domains)):
+            counters.setdefault((name, values), 0.0)
+    return counters
+
+
+def _gauges(g: Gauges) -> Iterable[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from hook.core.version import VERSION
+
+    for name, (text, labels) in GAUGES.items():
+        family = GaugeMetricFamily(f"{PREFIX}_{name}", text, labels=list(labels))
+        if name == "settings_valid" and g.settings_valid is not None:
+            family.add_metric([], 1 if g.settings_valid else 0)
+        elif name == "build_info":
+            family.add_metric([VERSION], 1)
+        elif name == "registered":
+            for (engine, handler), ok in sorted(g.registered.items()):
+                family.add_metric([engine, handler], 1 if ok else 0)
+        if family.samples:
+            yield family
+
+
+def render(t: Tally, gauges: Gauges | None = None) -> str:
     """The Prometheus text format (``prometheus_client``'s writer: names, escaping, order)."""
     from prometheus_client.core import CollectorRegistry, CounterMetricFamily, HistogramMetricFamily
     from prometheus_client.exposition import generate_latest
+
+    counters = _zeros(t)
+    buckets = {route: (0.0,) * (len(BUCKETS) + 1) for route in ROUTES} | dict(t.buckets)
 
     class _Collector:
         def collect(self) -> Iterable[Any]:
             for name, (text, labels) in COUNTERS.items():
                 family = CounterMetricFamily(f"{PREFIX}_{name}", text, labels=list(labels))
-                for (n, values), count in sorted(t.counters.items()):
+                for (n, values), count in sorted(counters.items()):
                     if n == name:
                         family.add_metric(list(values), count)
-                if not labels and not family.samples:
-                    family.add_metric([], 0)
                 yield family
             hist = HistogramMetricFamily(f"{PREFIX}_{HISTOGRAM}", HISTOGRAM_HELP, labels=["route"])
-            for route, counts in sorted(t.buckets.items()):
+            for route, counts in sorted(buckets.items()):
                 cumulative, running = [], 0.0
                 for bound, count in zip((*BUCKETS, math.inf), counts, strict=True):
                     running += count
                     cumulative.append((_le(bound), running))
                 hist.add_metric([route], cumulative, sum_value=t.sums.get(route, 0.0))
             yield hist
+            yield from _gauges(gauges or Gauges())
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())
@@ -211,6 +271,6 @@ def parse(text: str) -> Tally:
                     counts.append(by_le[le] - previous)
                     previous = by_le[le]
                 buckets[route] = counts
-        else:
+        elif name not in GAUGES:  # the gauges say what is now: written afresh each time, never read back
             raise ValueError(f"{family.name}: not a metric hook metrics writes")
     return Tally(counters=counters, buckets={k: tuple(v) for k, v in buckets.items()}, sums=sums)

@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +29,9 @@ from typing import Any
 
 from hook.core.errors import InputError
 from hook.core.record import record
-from hook.tools.metrics import Tally, parse, render, tally
+from hook.tools.metrics import Gauges, Tally, parse, render, tally
 
-__all__ = ["FILENAME", "Position", "textfile_path", "collect", "cmd_metrics"]
+__all__ = ["FILENAME", "Position", "textfile_path", "collect", "cmd_metrics", "node_gauges"]
 
 FILENAME = "oci-device-hook.prom"  # in a directory given as the textfile
 SIGNATURE = "# oci-device-hook metrics"  # how a textfile this command wrote begins (any version)
@@ -62,8 +63,18 @@ class Position:
 
 
 def textfile_path(value: Path) -> Path:
-    """A name ending in ``.prom`` is the file; anything else is node_exporter's directory."""
-    return value if value.name.endswith(".prom") else value / FILENAME
+    """A name ending in ``.prom`` is the file; anything else is node_exporter's directory. A name
+    with another suffix that is no directory (``foo.txt``) is refused for its suffix, the fact to
+    fix: node_exporter reads ``*.prom`` files only."""
+    if value.name.endswith(".prom"):
+        return value
+    if not value.is_dir() and (value.suffix or value.exists()):
+        why = (
+            f"not a directory, and its suffix {value.suffix or '(none)'!r} is not .prom: node_exporter reads "
+            "only *.prom files (name a file ending .prom, or its textfile directory)"
+        )
+        raise InputError(str(value), "textfile", why)
+    return value / FILENAME
 
 
 def _open_regular(path: Path, what: str) -> int | None:
@@ -242,9 +253,51 @@ def write_textfile(path: Path, text: str) -> None:
         raise InputError(str(path), "textfile", f"cannot write: {exc.strerror or exc}") from None
 
 
+REGISTRATION_MAX = 64 << 10
+HANDLER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # a handler's name, as the installer takes it
+
+
+def node_gauges(settings: Path, registration: Path | None) -> Gauges:
+    """What the node says now: whether ``settings`` loads (a missing default file is the defaults:
+    valid), and per (engine, handler) whether the engine runs the hook, from the file ``installer
+    status --check --write`` keeps (none given or unreadable: no ``registered`` series)."""
+    from hook.sources.settingsfile import lenient
+
+    try:
+        valid = lenient(settings, ())[1] is None
+    except InputError:
+        valid = False
+    return Gauges(settings_valid=valid, registered=_registered(registration) if registration else {})
+
+
+def _registered(path: Path) -> dict[tuple[str, str], bool]:
+    """``{"registered": {ENGINE: {HANDLER: true|false}}}``; names outside the closed shapes are left out."""
+    try:
+        fd = _open_regular(path, "registration")
+    except InputError:  # a symlink, a FIFO: not the installer's file
+        return {}
+    if fd is None:
+        return {}
+    try:
+        doc = json.loads(os.read(fd, REGISTRATION_MAX))
+    except ValueError:
+        return {}
+    finally:
+        os.close(fd)
+    out: dict[tuple[str, str], bool] = {}
+    engines = doc.get("registered") if isinstance(doc, dict) else None
+    for engine, handlers in (engines or {}).items() if isinstance(engines, dict) else ():
+        if engine in ("containerd", "hooks.d") and isinstance(handlers, dict):
+            for handler, ok in list(handlers.items())[:64]:
+                if isinstance(handler, str) and HANDLER.fullmatch(handler) and isinstance(ok, bool):
+                    out[(engine, handler)] = ok
+    return out
+
+
 def cmd_metrics(
-    log: Path, textfile: Path | None, *, write: bool, must_exist: bool = False, since: str = ""
-) -> tuple[str, int]:
+    log: Path, textfile: Path | None, *, write: bool, must_exist: bool = False, since: str = "",
+    gauges: Gauges | None = None,
+) -> tuple[str, int]:  # fmt: skip
     """The text; with ``write``, the textfile is replaced by it instead. With a textfile, its
     counts are continued (printing shows what the next write would hold, and writes nothing).
     ``since`` (``hook log``'s spellings) prints a window instead: the records stamped then or
@@ -256,10 +309,10 @@ def cmd_metrics(
 
         first = parse_since(since)
         records = [r for r in read_records(log) if r is None or str(r.get("time", "")) >= first]
-        return HEADER + render(tally(records)), 0
+        return HEADER + render(tally(records), gauges), 0
     start, position = _previous(textfile) if textfile is not None else (None, None)
     counts, end = collect(log, start, position)
-    text = HEADER + render(counts) + (end.to_line() if end is not None else "")
+    text = HEADER + render(counts, gauges) + (end.to_line() if end is not None else "")
     if write and textfile is not None:
         write_textfile(textfile, text)
         return "", 0

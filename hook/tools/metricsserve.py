@@ -21,9 +21,12 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hook.core.errors import HookError, InputError
+
+if TYPE_CHECKING:
+    from hook.tools.metrics import Gauges
 
 __all__ = ["parse_listen", "serve", "serve_metrics"]
 
@@ -115,7 +118,9 @@ def serve(listen: str, produce: Callable[[], str]) -> tuple[str, int]:
     return "", 0
 
 
-def serve_metrics(listen: str, log: Path, *, alone: bool = True) -> tuple[str, int]:
+def serve_metrics(
+    listen: str, log: Path, *, alone: bool = True, gauges: Callable[[], Gauges] | None = None
+) -> tuple[str, int]:
     """``hook metrics --serve``: each scrape adds what the log gained since the last one. Not
     ``alone`` (with ``--textfile`` or ``--since``): an error, since a server keeps no textfile and
     a window has no counters that only grow."""
@@ -130,7 +135,7 @@ def serve_metrics(listen: str, log: Path, *, alone: bool = True) -> tuple[str, i
     def produce() -> str:
         with lock:
             state["counts"], state["position"] = collect(log, state["counts"], state["position"])
-            return HEADER + render(state["counts"])
+            return HEADER + render(state["counts"], gauges() if gauges is not None else None)
 
     produce()  # a log that cannot be read fails here, with its one line, before anything listens
     return serve(listen, produce)

@@ -68,6 +68,17 @@ def test_broken_file_is_isolated(tmp_path: Path) -> None:
     assert registry.errors[str(bad)] == (f"{bad}: kind: invalid kind 'broken': expected vendor/class",)
 
 
+def test_an_unresolvable_device_names_the_spec_file_that_did_not_parse(tmp_path: Path) -> None:
+    """The device asked for may be in the broken file: the error says which file, and why."""
+    write_spec(tmp_path, "good.json", base_spec())
+    junk = write_spec(tmp_path, "gpu.yaml", "a: [")
+    with pytest.raises(InputError) as info:
+        Registry.load([tmp_path]).resolve(["nvidia.com/gpu=0"])
+    reason = info.value.reason
+    assert reason.startswith("unresolvable CDI devices nvidia.com/gpu=0; spec file(s) that did not load: ")
+    assert f"{junk}: " in reason and str(tmp_path / "good.json") not in reason
+
+
 def test_only_json_and_yaml_not_recursive(tmp_path: Path) -> None:
     write_spec(tmp_path, "a.yml", base_spec(devices=[device("yml")]))
     write_spec(tmp_path, "a.txt", base_spec(devices=[device("txt")]))

@@ -220,8 +220,18 @@ class Registry:
         if unresolved:
             dirs = ":".join(str(d) for d in self.dirs)
             raise InputError(f"CDI spec dirs {dirs}", "devices",
-                             "unresolvable CDI devices " + ", ".join(unresolved))
+                             "unresolvable CDI devices " + ", ".join(unresolved) + self._broken())
         return tuple(self.devices[n] for n in wanted)
+
+    def _broken(self) -> str:
+        """The spec files that did not load, each with its first problem: the device asked for may
+        be in one of them (the fact an operator needs to fix it), '' when every file loaded."""
+        broken = [(p, lines[0][:160]) for p, lines in sorted(self._errors.items()) if lines]
+        if not broken:
+            return ""
+        named = "; ".join(why if why.startswith(p) else f"{p}: {why}" for p, why in broken[:3])
+        more = f" (and {len(broken) - 3} more)" if len(broken) > 3 else ""
+        return f"; spec file(s) that did not load: {named}{more}"
 
     def resolve(self, names: Sequence[str]) -> ContainerEdits:
         """Merged edits for ``names``: each spec's own edits once (first use), then device edits."""
