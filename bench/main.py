@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import bundles, cdi_resolve, hosts, linearity, routeset
+from bench import bundles, cdi_resolve, hosts, linearity, nri, routeset
 from bench.busy import busiest
 from bench.decider import KEY_DIR
 from bench.routes import Result
@@ -64,6 +64,7 @@ class Bench:
     runc: str = RUNC
     nvidia: str | None = None
     results: dict[str, Result] = field(default_factory=dict)
+    nri_section: str = ""  # bench.nri's rows (issue 34 item 8)
 
     # ---- fixtures -------------------------------------------------------------------------------
 
@@ -430,7 +431,8 @@ def report(b: Bench, started: str, loads: tuple[str, str], elapsed: float, busy:
                        "the machine's load (below) slows the CPU-bound Python start far more than "
                        "runc's own work.")
     notes = "\n".join(f"- {n}" for n in b.notes)
-    return PAGE.format(routes=routeset.page_section(b) + ROUTES_NOTES if b.results else "",
+    routes = (routeset.page_section(b) + ROUTES_NOTES if b.results else "") + nri.page_section(b)
+    return PAGE.format(routes=routes,
                        table=table(b.rows), rss="\n".join(rss), checks="\n".join(checks),
                        machine="\n".join(info), notes=notes or "- (none)")
 
@@ -609,6 +611,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="round-robin rounds of the routes steps (default 25; the node-scale ones half)")
     parser.add_argument("--rss-seconds", type=int, default=300,
                         help="time cap of the decider-rss step's 1,000 decisions (default 300)")
+    parser.add_argument("--nri-containers", type=int, default=1000,
+                        help="containers the nri step starts through hook nri (its RSS check; default 1000)")
     parser.add_argument("--nvidia-runtime", metavar="PATH",
                         help="nvidia-container-runtime binary: adds its row (CDI mode) beside the routes")
     args = parser.parse_args(argv)
@@ -656,7 +660,8 @@ def main(argv: list[str] | None = None) -> int:
                  "rss": b.rss_measure, "nvml": b.nvml_checks,
                  "routes": lambda: routeset.run_step(b, "routes"), "routes-v2": routes_v2,
                  "routes-scale": lambda: routeset.run_step(b, "routes-scale"),
-                 "decider-rss": lambda: routeset.run_step(b, "decider-rss")}
+                 "decider-rss": lambda: routeset.run_step(b, "decider-rss"),
+                 "nri": lambda: nri.run_step(b, args.nri_containers)}
         # slice, slice-v2, scale and wrapper-run are the routes steps' older, paired subsets: on request only
         default = [s for s in steps if s not in ("slice", "slice-v2", "scale", "wrapper-run")]
         asked = args.only.split(",") if args.only else default

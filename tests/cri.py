@@ -227,6 +227,12 @@ class Client:
             message=_text(status, 11),
         )
 
+    def stop(self, container_id: str, timeout: int = 0) -> None:
+        self.call("StopContainer", _str(1, container_id) + _int(2, timeout))
+
+    def remove(self, container_id: str) -> None:
+        self.call("RemoveContainer", _str(1, container_id))
+
     def stop_pod(self, sandbox_id: str) -> None:
         self.call("StopPodSandbox", _str(1, sandbox_id))
 

@@ -31,7 +31,7 @@ import sys
 import tarfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests import cri
@@ -87,12 +87,18 @@ def image_tar(dest: Path, scratch: Path) -> Path:
     return dest
 
 
-def containerd_config(base: Path, cdi_dirs: Sequence[Path], request_timeout: str, binary: str = "") -> str:
-    """Version 2 (containerd 2.x migrates it): every path under ``base``, NRI on, CDI on."""
+def containerd_config(
+    base: Path, cdi_dirs: Sequence[Path], request_timeout: str, binary: str = "",
+    handlers: Mapping[str, str] | None = None,
+) -> str:  # fmt: skip
+    """Version 2 (containerd 2.x migrates it): every path under ``base``, NRI on, CDI on; the runc
+    handler (its binary ``binary``, else runc) and ``handlers`` (name: binary) beside it."""
     cri_plugin = 'plugins."io.containerd.grpc.v1.cri"'
-    options = (
-        f'[{cri_plugin}.containerd.runtimes.runc.options]\n  BinaryName = "{binary}"\n' if binary else ""
-    )
+    runtimes = f"{cri_plugin}.containerd.runtimes"
+    options = f'[{runtimes}.runc.options]\n  BinaryName = "{binary}"\n' if binary else ""
+    for name, path in (handlers or {}).items():
+        options += f'[{runtimes}.{name}]\n  runtime_type = "io.containerd.runc.v2"\n'
+        options += f'[{runtimes}.{name}.options]\n  BinaryName = "{path}"\n'
     return (
         f'version = 2\nroot = "{base}/root"\nstate = "{base}/state"\n'
         f"disabled_plugins = {json.dumps(DISABLED)}\n"
@@ -157,14 +163,27 @@ exec {runc} "$@"
 """
 
 
+def registrations(err: Path) -> int:
+    """How many times ``hook nri`` said it registered, in its stderr file."""
+    return err.read_text().count("registered with") if err.exists() else 0
+
+
 class Bed:
     """One private containerd (``suite``: trixie = 1.7, sid = 2.x) on cgroup v1 or v2."""
 
-    def __init__(self, tmp: Path, suite: str, cgroup2: bool, request_timeout: str = "2s") -> None:
+    def __init__(
+        self, tmp: Path, suite: str, cgroup2: bool, request_timeout: str = "2s", *,
+        driver: Path | None = None, handlers: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """``driver``: a driver root whose ``dev/`` the private /dev copies (default: the seed-000
+        node's); ``handlers``: more runtime handlers (name: binary); ``env``: containerd's (its
+        shims' and runtimes') environment additions."""
         self.tmp, self.suite, self.cgroup2 = tmp, suite, cgroup2
         self.tree, self.version = containerd_tree(suite)
-        self.driver = tmp / "driver"
-        make_host_tree(self.driver, "8x-mig", mknod=True)
+        self.driver = driver or tmp / "driver"
+        if driver is None:
+            make_host_tree(self.driver, "8x-mig", mknod=True)
         self.base = tmp / "ctd"
         self.base.mkdir()
         for d in ("nri-plugins", "nri-conf", "cni-bin", "cni-conf", "logs"):
@@ -177,9 +196,10 @@ class Bed:
             binary = str(self.base / "runc-v2")
             Path(binary).write_text(V2_RUNC.format(python=sys.executable, runc=RUNC))
             Path(binary).chmod(0o755)
-        self.config.write_text(containerd_config(self.base, [self.cdi], request_timeout, binary))
+        self.config.write_text(containerd_config(self.base, [self.cdi], request_timeout, binary, handlers))
         self.nri_socket = self.base / "nri.sock"
-        self.env = {**os.environ, "PATH": f"{self.tree}/usr/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        path = f"{self.tree}/usr/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        self.env = {**os.environ, **(env or {}), "PATH": path}
         self.holder: subprocess.Popen[str] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: cri.Client | None = None
@@ -229,6 +249,26 @@ class Bed:
     def log(self) -> str:
         return (self.base / "containerd.log").read_text(errors="replace")
 
+    def start_nri(
+        self, settings: Path, err: Path, hook: Sequence[str] = (sys.executable, "-I", "-m", "hook")
+    ) -> subprocess.Popen[bytes]:
+        """``hook nri`` (the command ``hook``) on this bed's NRI socket, in its namespace (it acts
+        on the containers' /dev and device cgroups); returned once its stderr (``err``, appended)
+        says it registered. Killed by pid by whoever started it."""
+        before = registrations(err)
+        with err.open("ab") as out:
+            cmd = [*hook, "nri", "--socket", str(self.nri_socket), "--config", str(settings)]
+            proc = subprocess.Popen(self.in_ns(cmd), stdout=out, stderr=out)
+        for _ in range(300):
+            if registrations(err) > before:
+                return proc
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        raise AssertionError("hook nri never registered: " + err.read_text()[-2000:])
+
     def ctr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         cmd = [f"{self.tree}/usr/bin/ctr", "--address", str(self.base / "c.sock"), *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -276,9 +316,11 @@ class Bed:
 
     # --- pods and containers (what a kubelet sends) -----------------------------------------------
 
-    def pod(self, *, privileged: bool = False, annotations: dict[str, str] | None = None,
-            name: str = "train", namespace: str = "ml") -> tuple[str, cri.PodSpec]:  # fmt: skip
-        """Run a host-network pod sandbox; (its id, its spec)."""
+    def pod(
+        self, *, privileged: bool = False, annotations: dict[str, str] | None = None,
+        name: str = "train", namespace: str = "ml", handler: str = "",
+    ) -> tuple[str, cri.PodSpec]:  # fmt: skip
+        """Run a host-network pod sandbox (with runtime ``handler``); (its id, its spec)."""
         assert self.client is not None
         uid = str(uuid.uuid4())
         self.uids.append(uid)
@@ -287,7 +329,7 @@ class Bed:
         spec = cri.PodSpec(name=f"{name}-{uid[:4]}", uid=uid, namespace=namespace, log_directory=str(logs),
                            cgroup_parent=f"/odh-live/pod{uid}", annotations=annotations or {},
                            privileged=privileged)  # fmt: skip
-        sid = self.client.run_pod(spec)
+        sid = self.client.run_pod(spec, handler)
         self.pods.append(sid)
         return sid, spec
 

@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +33,7 @@ grpc = pytest.importorskip("grpc", reason="grpcio (the test extra)")
 from tests.bundles import checkpoint, checkpoint_entry  # noqa: E402
 from tests.dra_shapes import claim, device, dra_state, gpu_id, write_claim_spec  # noqa: E402
 from tests.live.livekit import parse_probe, probe_args  # noqa: E402
-from tests.live.nribed import Bed  # noqa: E402
+from tests.live.nribed import Bed, registrations  # noqa: E402
 from tests.live.test_hook_scenarios import MIG_UUID, SLICE_UUID  # noqa: E402
 from tests.live.test_spec_level import MIG_EXPECTED, MIG_PROBES, SLICE_EXPECTED, SLICE_PROBES  # noqa: E402
 
@@ -73,20 +72,11 @@ class Route:
 
     def start_daemon(self) -> float:
         """``hook nri`` in the bed's namespace; the time it said it registered."""
-        before = self.registrations()
-        with self.err.open("ab") as err:
-            cmd = [sys.executable, "-I", "-m", "hook", "nri", "--socket", str(self.bed.nri_socket),
-                   "--config", str(self.settings)]  # fmt: skip
-            self.daemon = subprocess.Popen(self.bed.in_ns(cmd), stdout=err, stderr=err)
-        for _ in range(300):
-            if self.registrations() > before:
-                return time.monotonic()
-            assert self.daemon.poll() is None, self.err.read_text()
-            time.sleep(0.05)
-        raise AssertionError("hook nri never registered: " + self.err.read_text()[-2000:])
+        self.daemon = self.bed.start_nri(self.settings, self.err)
+        return time.monotonic()
 
     def registrations(self) -> int:
-        return self.err.read_text().count("registered with") if self.err.exists() else 0
+        return registrations(self.err)
 
     def kill_daemon(self) -> None:
         if self.daemon is not None and self.daemon.poll() is None:
