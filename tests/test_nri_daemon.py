@@ -258,3 +258,31 @@ def test_cdi_devices_nri_lists_are_a_request_the_kubelets_files_must_vouch_for(b
     (rec,) = bed.records()
     assert "/dev/nvidia0" in rec["denied"] and "/dev/nvidia1" not in rec["denied"]
     assert any("nri-cdi-devices=nvidia.com/gpu=0 ignored" in w for w in rec["warnings"])
+
+
+def test_a_broken_settings_file_refuses_device_containers_and_starts_the_rest(tmp_path: Path) -> None:
+    """``hook nri`` does not exit on a settings file that does not load (the runtime would then
+    create every container unadjusted): it serves, device containers are refused with the file's
+    error, and a container that asks for nothing starts."""
+    import subprocess
+    import sys
+
+    broken = tmp_path / "settings.yaml"
+    broken.write_text(f"log_file: {tmp_path / 'hook.log'}\nprivileged_allocation: [\n")
+    sock = tmp_path / "nri.sock"
+    rt = f.FakeRuntime(sock)
+    cmd = [sys.executable, "-m", "hook", "nri", "--socket", str(sock), "--config", str(broken)]
+    daemon = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        rt.handshake()
+        refused = rt.call("CreateContainer", _privileged())
+        plain = rt.call("CreateContainer", f.event(_pod(), f.container(name=CONTAINER)))
+    finally:
+        daemon.terminate()
+        _, err = daemon.communicate(timeout=10)
+        rt.close()
+    assert refused.code == 9 and str(broken) in refused.message
+    assert (plain.code, plain.payload) == (0, b"")
+    assert "warning:" in err and "serving with the default NRI settings" in err
+    (rec,) = [json.loads(line) for line in (tmp_path / "hook.log").read_text().splitlines()]
+    assert rec["verdict"] == "error" and str(broken) in rec["error"]  # in the log the file still names

@@ -2,8 +2,10 @@
 
 Rule: options win over the settings file, which wins over the defaults (``nri_socket``,
 ``nri_plugin_name``, ``nri_plugin_index``); every option is checked as the setting is, so a bad
-one is one line naming it and exit 2 before anything connects. Imports only click here: the
-daemon's modules load when the command runs.
+one is one line naming it and exit 2 before anything connects. A settings file that does not load
+is a warning, not an exit: the daemon serves with the defaults, and every decision (which loads the
+file again) refuses the containers that ask for a device and lets the others start. Imports only
+click here: the daemon's modules load when the command runs.
 """
 
 from __future__ import annotations
@@ -40,10 +42,21 @@ def nri_cmd(
     from hook.core.settings import convert
     from hook.routes.nri.daemon import run
     from hook.routes.options import Options
-    from hook.sources.settingsfile import DEFAULT_PATH, load_settings
+    from hook.sources.settingsfile import DEFAULT_PATH, Settings, load_settings
 
     try:
         settings = load_settings(config_file or DEFAULT_PATH, required=config_file is not None)
+    except HookError as exc:
+        # Exiting would leave the node to the runtime, which creates every container unadjusted
+        # while no plugin answers. Serving on refuses the device containers (each decision loads
+        # the file again and fails closed) and lets every other container start.
+        click.echo(
+            f"oci-device-hook: warning: {exc}; serving with the default NRI settings: containers that "
+            "ask for a device are refused until the file loads",
+            err=True,
+        )
+        settings = Settings()
+    try:
         name = (
             convert("nri_plugin_name", plugin_name, "--plugin-name")
             if plugin_name

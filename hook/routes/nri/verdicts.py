@@ -123,7 +123,13 @@ def _where(c: Container, settings: Settings | None) -> dict[str, Any]:
     return {"settings": settings, "annotations": dict(c.annotations), "cgroups_path": c.cgroups_path}
 
 
-def _error(exc: HookError, c: Container, settings: Settings | None, stage: str, **extra: Any) -> Answer:
+def _error(
+    exc: HookError, c: Container, settings: Settings | None, ctx: Ctx, stage: str, **extra: Any
+) -> Answer:
+    if settings is None:  # the file does not load: its error goes to the log it still names
+        from hook.sources.settingsfile import salvage_log
+
+        settings = salvage_log(ctx.options.settings_file or DEFAULT_PATH)
     record = {"verdict": "error", "stage": stage, "container": {"id": c.id}, "error": str(exc), **extra}
     return Answer(
         code=FAILED_PRECONDITION, message=f"oci-device-hook: {exc}", record=record, **_where(c, settings)
@@ -142,7 +148,7 @@ def on_create(pod: Pod, c: Container, ctx: Ctx) -> Answer:
     except HookError as exc:
         if _plain(pod, c, settings):
             return Answer(record=None)
-        return _error(exc, c, settings, "create")
+        return _error(exc, c, settings, ctx, "create")
     report["stage"] = "create"
     report["duration_ms"] = round((time.monotonic() - t0) * 1000, 3)
     if plan.verdict is Verdict.DENY:
@@ -169,7 +175,7 @@ def on_start(pod: Pod, c: Container, ctx: Ctx, *, late: bool = False, cut: tuple
     except HookError as exc:
         if _plain(pod, c, settings):
             return Answer()
-        return _error(exc, c, settings, stage, **extra)
+        return _error(exc, c, settings, ctx, stage, **extra)
     from hook.routes.nri.target import alive, check_pid
 
     checked = None
@@ -210,7 +216,7 @@ def on_start(pod: Pod, c: Container, ctx: Ctx, *, late: bool = False, cut: tuple
             ]
         return Answer(record=report, **_where(c, settings))
     except HookError as exc:
-        return _error(exc, c, settings, stage, **extra)
+        return _error(exc, c, settings, ctx, stage, **extra)
     finally:
         if checked is not None:
             import os
