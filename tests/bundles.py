@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +251,14 @@ def hook_live(stdin: bytes, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 def deny_keys(report: dict[str, Any]) -> set[tuple[str, int, int | None]]:
     return {(r["type"], r["major"], r["minor"]) for r in report["cgroup"] if not r["allow"]}
+
+
+def denied_among(report: dict[str, Any], keys: Iterable[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
+    """The keys among ``keys`` the report's deny rules close: by an exact rule, or by a whole
+    major's (``c M:*``: a class the container was not given, issue 36 item 5)."""
+    whole = {(r["type"], r["major"]) for r in report["cgroup"] if not r["allow"] and r["minor"] is None}
+    exact = deny_keys(report)
+    return {k for k in keys if k in exact or (k[0], k[1]) in whole}
 
 
 def allow_keys(report: dict[str, Any]) -> set[tuple[str, int, int | None]]:

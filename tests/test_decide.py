@@ -27,6 +27,7 @@ from tests.bundles import (
     checkpoint_entry,
     config,
     control,
+    denied_among,
     deny_keys,
     gen,
     gpu_nodes,
@@ -69,7 +70,8 @@ def decide_for(
 def narrowed_to(report: dict[str, Any], kept: set[tuple[str, int, int]]) -> None:
     """A narrowing plan: deny every seed-000 accelerator node except ``kept``, allow nothing new."""
     assert report["verdict"] == "apply", report["reason"]
-    assert deny_keys(report) == ALL_ACCEL - kept
+    assert denied_among(report, ALL_ACCEL) == ALL_ACCEL - kept
+    assert {k for k in deny_keys(report) if k[2] is not None} <= ALL_ACCEL  # and no other node
     assert allow_keys(report) == set()
     assert report["container"]["widened"] is True
     assert report["plugin_allocation"] is True

@@ -26,6 +26,7 @@ from tests.bundles import (
     checkpoint,
     checkpoint_entry,
     config,
+    denied_among,
     deny_keys,
     settings_file,
     simulate,
@@ -120,7 +121,8 @@ def _dev(path: str, major: int, minor: int) -> dict[str, object]:
 
 
 def kept(rep: dict[str, Any]) -> set[Key]:
-    return {(n["type"], n["major"], n["minor"]) for n in rep["keeps"]}
+    """The nodes the report keeps (not the majors whose rules still open minors no node names)."""
+    return {(n["type"], n["major"], n["minor"]) for n in rep["keeps"] if n["minor"] is not None}
 
 
 @pytest.fixture(scope="module")
@@ -145,15 +147,18 @@ def test_a_narrowed_pod_keeps_its_gpus_drm_nodes_and_loses_every_other_class_nod
 ) -> None:
     rep = board.decide(tmp_path, slice_pod(board, 1), capsys)
     assert rep["verdict"] == "apply", rep["reason"]
-    denied = deny_keys(rep)
     others = {board.gpu(i) for i in range(8) if i != 1} | {
         k for i in range(8) if i != 1 for k in board.drm(i)
     }
+    imex = {board.imex(c) for c in range(IMEX_CHANNELS)}
+    own = board.drm(1) | {board.gpu(1)}
+    control = {("c", board.spec.nvidia_major, 255), ("c", board.spec.uvm_major, 0)}
+    denied = denied_among(rep, others | board.fabric | imex | own | control)
     assert others <= denied  # every other GPU, and its card/renderD
     assert board.fabric <= denied  # NVSwitch, nvswitchctl, NVLink, fabric-mgmt: not this pod's
-    assert {board.imex(c) for c in range(IMEX_CHANNELS)} <= denied  # it asked for no channel
-    assert not (board.drm(1) | {board.gpu(1)}) & denied  # its own card and DRM nodes (EGL, Vulkan)
-    assert not {("c", board.spec.nvidia_major, 255), ("c", board.spec.uvm_major, 0)} & denied
+    assert imex <= denied  # it asked for no channel
+    assert not own & denied  # its own card and DRM nodes (EGL, Vulkan)
+    assert not control & denied
     assert "/dev/nvidia-nvswitchctl" in rep["nodes"]["remove"] and "/dev/dri/card1" in rep["nodes"]["remove"]
     assert f"/dev/dri/card{drm_card(board.spec.gpus[1])}" not in rep["nodes"]["remove"]
     # the report says what it keeps: its card, its DRM nodes, the control nodes; nothing of a class beyond
@@ -161,6 +166,9 @@ def test_a_narrowed_pod_keeps_its_gpus_drm_nodes_and_loses_every_other_class_nod
     control = {("c", board.spec.nvidia_major, 255), ("c", board.spec.nvidia_major, 254)}
     control |= {("c", board.spec.uvm_major, 0), ("c", board.spec.uvm_major, 1)}
     assert kept(rep) == own | control | {board.bmc}
+    # ...and the majors it keeps a node of stay open for minors no node names (issue 36 item 5)
+    still = {n["major"] for n in rep["keeps"] if n["minor"] is None}
+    assert still == {board.spec.nvidia_major, DRM_MAJOR, board.spec.uvm_major}
 
 
 def test_another_vendors_node_and_host_devices_keep_privileged_semantics(
@@ -184,7 +192,7 @@ def test_the_kubelets_allocation_bounds_every_vendor(
     cfg = config(privileged=True, caps=ALL_CAPS, devices=board.host_devices(), annotations=POD_ANNOTATIONS)
     rep = board.decide(tmp_path, cfg, capsys, ckpt=ck)
     assert rep["verdict"] == "apply", rep["reason"]
-    assert board.bmc in deny_keys(rep) and board.fabric <= deny_keys(rep)
+    assert denied_among(rep, {board.bmc, *board.fabric}) == {board.bmc, *board.fabric}
     assert not (board.drm(3) | {board.gpu(3)}) & deny_keys(rep)
     assert ("c", 10, 229) not in deny_keys(rep)  # a host device is no accelerator
 
@@ -264,7 +272,8 @@ def test_without_sysfs_no_drm_node_is_anyones_so_all_are_narrowed(
     board = Board(tmp_path / "node")
     shutil.rmtree(board.root / "sys")
     rep = board.decide(tmp_path, slice_pod(board, 1), capsys)
-    assert board.drm(1) | board.drm(0) | {board.bmc} <= deny_keys(rep)
+    drm = board.drm(1) | board.drm(0) | {board.bmc}
+    assert denied_among(rep, drm) == drm
     assert BMC_BUS  # the BMC's address is sysfs's word only
 
 

@@ -24,7 +24,7 @@ from hook.core.requests import (
     is_privileged,
 )
 from hook.core.rules import Access, DeviceType, Rule, Verdicts
-from hook.core.scope import MGMT_ENV, Grant, Scope, narrowing_scope
+from hook.core.scope import MGMT_ENV, PROBE_MINOR, Grant, Scope, narrowing_scope, whole_majors
 from hook.core.settings import MigManagement, Policy, Settings
 
 __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
@@ -167,9 +167,14 @@ def _additions(
 
 
 def _narrowing(inputs: Inputs, within: Scope, privileged: bool) -> tuple[list[Rule], list[str], list[str]]:
-    """Deny every accelerator and NVIDIA-class node outside the scope; one exact rule each (v1
-    cannot re-allow inside a denied wildcard), and remove the ones the engine put in the
-    container. The third value names the denied nodes, so the log says what was denied.
+    """Deny every accelerator and NVIDIA-class node outside the scope, and remove the ones the
+    engine put in the container. The third value names what was denied, so the log says it.
+
+    A class major the container keeps no minor of is denied whole (``c M:*``) where its rules open
+    it (a privileged container, a wildcard allow): a node the host does not have yet, or one the
+    container makes itself, opens nothing. Every other node gets one exact rule (v1 cannot
+    re-allow inside a denied wildcard, and runc refuses to punch such a hole); in a privileged
+    container the whole major's deny replaces its nodes' rules.
 
     An unprivileged container is denied ``rw`` only: runc's default ``c *:* m`` keeps ``m`` on
     every char device in a v1 cgroup, so a ``rwm`` deny could never take full effect there."""
@@ -179,13 +184,24 @@ def _narrowing(inputs: Inputs, within: Scope, privileged: bool) -> tuple[list[Ru
         *(c.node for c in inputs.classes.nodes),
         *_config_nodes(inputs.config),
     ]
+    rules_now = Verdicts(inputs.config.resource_rules)
+    whole = {
+        m
+        for m in whole_majors(within, candidates)
+        if _rules_open(rules_now, Node(path="", type="c", major=m, minor=PROBE_MINOR))
+    }
     deny: dict[tuple[str, int, int], Node] = {}
     for n in candidates:
         if within.narrowed(n):
             deny.setdefault(_key(n), n)
-    rules = [_rule(deny[k], False, access) for k in sorted(deny, key=lambda k: (k[1], k[2], k[0]))]
+    rules = [Rule(allow=False, type=DeviceType.CHAR, major=m, minor=None, access=access) for m in whole]
+    # a privileged cgroup allows by default, so ``c M:*`` closes every minor; an unprivileged one
+    # keeps its exact allows past a wildcard deny on v1 (the kernel edits only the same entry)
+    subsumed = whole if privileged else set()
+    rules += [_rule(deny[k], False, access) for k in deny if not (k[0] == "c" and k[1] in subsumed)]
+    rules.sort(key=lambda r: (r.major or 0, -1 if r.minor is None else r.minor, str(r.type)))
     remove = sorted({d.path for d in inputs.config.devices if (d.type, d.major, d.minor) in deny})
-    return rules, remove, sorted({deny[k].path for k in deny})
+    return rules, remove, sorted({*(deny[k].path for k in deny), *(f"c {m}:*" for m in whole)})
 
 
 def _off_host_dev(

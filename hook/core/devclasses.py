@@ -26,7 +26,17 @@ from enum import StrEnum
 from hook.core.plan import Node
 from hook.core.record import field, record
 
-__all__ = ["ClassKind", "ClassNode", "HostClasses", "Key", "class_majors", "keeps", "whole_gpus"]
+__all__ = [
+    "CTL_MINOR",
+    "MODESET_MINOR",
+    "ClassKind",
+    "ClassNode",
+    "HostClasses",
+    "Key",
+    "class_majors",
+    "keeps",
+    "whole_gpus",
+]
 
 Key = tuple[str, int, int]
 

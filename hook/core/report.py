@@ -13,6 +13,7 @@ from hook.core.escape import clean
 from hook.core.kubelet import SANDBOX
 from hook.core.plan import Node, Plan, Verdict
 from hook.core.rules import Access, DeviceType, Verdicts
+from hook.core.scope import PROBE_MINOR, class_majors_of
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
@@ -68,6 +69,14 @@ def _keeps(inputs: Inputs, plan: Plan) -> list[dict[str, Any]]:
         access = _access(rules, n)
         if within.matters(n) and ("r" in access or "w" in access):
             out.append({"path": n.path, "type": n.type, "major": n.major, "minor": n.minor, "access": access})
+    # a class major whose rules still open minors no node names (the container can mknod one):
+    # one entry for the rest of the major, path "*" and minor null
+    known = [*inputs.host_accelerators, *(c.node for c in inputs.classes.nodes), *held.values()]
+    for major in class_majors_of(inputs.classes, known):
+        access = _access(rules, Node(path="", type="c", major=major, minor=PROBE_MINOR))
+        if "r" in access or "w" in access:
+            out.append({"path": "*", "type": "c", "major": major, "minor": None, "access": access})
+    out.sort(key=lambda e: (e["major"], PROBE_MINOR if e["minor"] is None else e["minor"], e["path"]))
     return out
 
 
@@ -172,8 +181,10 @@ def _keeps_text(report: dict[str, Any]) -> list[str]:
         )
     out = ["keeps:"]
     for n in keeps:
-        numbers = f"{n['type']} {n['major']}:{n['minor']}"
-        out.append(f"  {clean(n['path']):<44} {numbers:<12} {n['access']}")
+        whole = n["minor"] is None
+        numbers = f"{n['type']} {n['major']}:{'*' if whole else n['minor']}"
+        path = "(every minor no node names)" if whole else clean(n["path"])
+        out.append(f"  {path:<44} {numbers:<12} {n['access']}")
     return out
 
 

@@ -13,14 +13,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 
-from hook.core.devclasses import ClassKind, HostClasses, Key, keeps, whole_gpus
+from hook.core.devclasses import CTL_MINOR, MODESET_MINOR, ClassKind, HostClasses, Key, keeps, whole_gpus
 from hook.core.kpath import container_path
 from hook.core.plan import Node
 from hook.core.record import record, replace
 from hook.core.requests import DeviceRequest, Kind, is_accelerator
 from hook.core.rules import Access
 
-__all__ = ["MGMT_ENV", "NVIDIA", "Grant", "Scope", "narrowing_scope"]
+__all__ = [
+    "MGMT_ENV",
+    "NVIDIA",
+    "PROBE_MINOR",
+    "Grant",
+    "Scope",
+    "class_majors_of",
+    "narrowing_scope",
+    "whole_majors",
+]
 
 MGMT_ENV = {Kind.MIG_CONFIG: "NVIDIA_MIG_CONFIG_DEVICES", Kind.MIG_MONITOR: "NVIDIA_MIG_MONITOR_DEVICES"}
 
@@ -108,6 +117,47 @@ def narrowing_scope(
     vendors = {NVIDIA for r in chosen if r.kind not in (Kind.CDI, Kind.NODE)}
     vendors |= {v for gs in groups.values() for g in gs for v in within.vendors_of(g.node)}
     return replace(within, vendors=frozenset(vendors))
+
+
+# a minor no node of any class has (minors are 20 bits): it stands for "every minor no node names"
+PROBE_MINOR = (1 << 20) - 1
+
+
+def class_majors_of(classes: HostClasses, known: Iterable[Node]) -> tuple[int, ...]:
+    """Every NVIDIA-named char major of ``/proc/devices``, and ``drm``'s where NVIDIA GPUs are
+    present (a GPU node among ``known``, or a DRM node sysfs ties to one): the majors a container
+    could ``mknod`` a class node of whether or not the host has a node there."""
+    majors = set(classes.majors.values())
+    if classes.drm_major is not None and (
+        classes.drm or any(classes.classify(_key(n)) == (ClassKind.GPU, n.minor) for n in known)
+    ):
+        majors.add(classes.drm_major)
+    return tuple(sorted(majors))
+
+
+def _probes(within: Scope, major: int) -> list[Node]:
+    """Minors that stand for what a container keeps of ``major`` without a node: the control nodes'
+    fixed minors, the fabric caps', and one no node names."""
+    minors = [CTL_MINOR, MODESET_MINOR, PROBE_MINOR]
+    if major == within.classes.majors.get("nvidia-caps"):
+        minors += sorted(within.classes.fabric)
+    return [Node(path="", type="c", major=major, minor=m) for m in minors]
+
+
+def whole_majors(within: Scope, known: Iterable[Node]) -> tuple[int, ...]:
+    """The class majors (``class_majors_of``) of which this container keeps no minor: a class it
+    was not given, denied whole (``c M:*``) so that no node of it opens, also one the host has no
+    node of yet and one the container makes itself (a privileged container holds CAP_MKNOD). A
+    major it keeps some minor of (granted, a control node, kept by policy, another vendor's node
+    out of scope) is narrowed node by node: runc cannot re-allow inside a denied wildcard."""
+    nodes = list(known)
+    held = {k[1] for k in within.allowed if k[0] == "c"}
+    held |= {n.major for n in nodes if n.type == "c" and not within.narrowed(n)}
+    out = []
+    for major in class_majors_of(within.classes, nodes):
+        if major not in held and all(within.narrowed(p) for p in _probes(within, major)):
+            out.append(major)
+    return tuple(out)
 
 
 def _key(node: Node) -> Key:

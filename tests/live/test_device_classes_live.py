@@ -17,21 +17,44 @@ from pathlib import Path
 import pytest
 
 from tests.hosttree import DRM_MAJOR, NVLINK_MAJOR, NVSWITCH_MAJOR, drm_card, drm_render, make_host_tree
-from tests.live.livekit import build_bundle, char_device, hook, parse_probe, run_container
+from tests.live.livekit import Bundle, build_bundle, char_device, hook, parse_probe, run_container
 
 SLICE_INDEX = 1
 CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID", "CAP_SETUID", "CAP_KILL"]
 
 
-@pytest.fixture
-def board(tmp_path: Path) -> dict[str, Path]:
+def _node(tmp_path: Path, topology: str) -> dict[str, Path]:
+    """A driver root of ``topology`` (fake nodes), no CDI specs, settings with a log and cache here."""
     root = tmp_path / "driver-root"
-    make_host_tree(root, "8x-hgx", mknod=True)
+    make_host_tree(root, topology, mknod=True)
     empty = tmp_path / "no-cdi"
     empty.mkdir()
     settings = tmp_path / "settings.yaml"
     settings.write_text(f"log_file: {tmp_path}/hook.log\ncache_dir: {tmp_path}/cache\n")
     return {"root": root, "no_cdi": empty, "settings": settings}
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> dict[str, Path]:
+    return _node(tmp_path, "8x-hgx")
+
+
+def _slice_pod(bundle_dir: Path, node: dict[str, Path], script: list[str], uuid: str, *env: str) -> Bundle:
+    """A privileged pod (every host node, allow-all, SYS_ADMIN) given one card by a corroborated
+    env, with the real hook at prestart."""
+    args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(node["root"])]
+    args += ["--config", str(node["settings"]), "--cdi-spec-dir", str(node["no_cdi"])]
+    b = build_bundle(
+        bundle_dir,
+        script,
+        hooks={"prestart": [hook(sys.executable, args)]},
+        devices=_host_nodes(node["root"]),
+        cgroup_devices=[{"allow": True, "access": "rwm"}],
+        env=["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=40g", *env],
+    )
+    caps = [*CAPS, "CAP_SYS_ADMIN"]
+    b.config["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
+    return b.write()
 
 
 def _host_nodes(root: Path) -> list[dict[str, object]]:
@@ -76,8 +99,6 @@ def test_hgx_slice_pod_keeps_its_drm_nodes_and_loses_fabric_imex_and_other_drm(
     own_card, own_render = f"/dev/dri/card{drm_card(mine)}", f"/dev/dri/renderD{drm_render(mine)}"
     other_card = f"/dev/dri/card{drm_card(other)}"
     assert spec.imex_major is not None
-    args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(board["root"])]
-    args += ["--config", str(board["settings"]), "--cdi-spec-dir", str(board["no_cdi"])]
     opens = [
         f"/dev/nvidia{mine.minor}", own_card, own_render, "/dev/nvidiactl", "/dev/dri/card0",
         other_card, "/dev/nvidia-nvswitchctl", "/dev/nvidia-nvswitch0", "/dev/nvidia-nvlink",
@@ -91,17 +112,7 @@ def test_hgx_slice_pod_keeps_its_drm_nodes_and_loses_fabric_imex_and_other_drm(
         "nvlink": (NVLINK_MAJOR, 0),
         "imex0": (spec.imex_major, 0),
     }
-    b = build_bundle(
-        bundle_dir,
-        _script(opens, mknods),
-        hooks={"prestart": [hook(sys.executable, args)]},
-        devices=_host_nodes(board["root"]),
-        cgroup_devices=[{"allow": True, "access": "rwm"}],
-        env=["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={mine.uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=40g"],
-    )
-    caps = [*CAPS, "CAP_SYS_ADMIN"]
-    b.config["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
-    b.write()
+    b = _slice_pod(bundle_dir, board, _script(opens, mknods), mine.uuid)
     res = run_container(b, cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     seen = parse_probe(res.stdout)
@@ -145,19 +156,7 @@ def test_a_planted_fabric_or_foreign_drm_node_opens_only_where_the_cgroup_allows
         "/tmp/p-nvswitch1": (NVSWITCH_MAJOR, 1),
         "/tmp/p-nvlink": (NVLINK_MAJOR, 0),
     }
-    args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(board["root"])]
-    args += ["--config", str(board["settings"]), "--cdi-spec-dir", str(board["no_cdi"])]
-    b = build_bundle(
-        bundle_dir,
-        _script(list(planted), {}),
-        hooks={"prestart": [hook(sys.executable, args)]},
-        devices=_host_nodes(board["root"]),
-        cgroup_devices=[{"allow": True, "access": "rwm"}],
-        env=["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={mine.uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=40g"],
-    )
-    caps = [*CAPS, "CAP_SYS_ADMIN"]
-    b.config["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
-    b.write()
+    b = _slice_pod(bundle_dir, board, _script(list(planted), {}), mine.uuid)
     for path, (major, minor) in planted.items():
         os.mknod(b.rootfs / path.lstrip("/"), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     res = run_container(b, cgroup2=cgroup2)
@@ -180,24 +179,12 @@ def test_a_management_pod_keeps_the_fabric_nodes(
 
     spec = TOPOLOGIES["8x-hgx"]
     mine, other = spec.gpus[SLICE_INDEX], spec.gpus[0]
-    args = [sys.executable, "-I", "-m", "hook", "prestart", "--driver-root", str(board["root"])]
-    args += ["--config", str(board["settings"]), "--cdi-spec-dir", str(board["no_cdi"])]
     opens = [
         "/dev/nvidia-nvswitchctl", "/dev/nvidia-nvswitch3", "/dev/nvidia-nvlink",
         "/dev/nvidia-caps/nvidia-cap0", "/dev/nvidia-caps/nvidia-cap1", f"/dev/dri/card{drm_card(other)}",
     ]  # fmt: skip
-    env = ["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={mine.uuid}", "CUDA_DEVICE_MEMORY_LIMIT_0=40g"]
-    b = build_bundle(
-        bundle_dir,
-        _script(opens, {"other-card": (DRM_MAJOR, drm_card(other))}),
-        hooks={"prestart": [hook(sys.executable, args)]},
-        devices=_host_nodes(board["root"]),
-        cgroup_devices=[{"allow": True, "access": "rwm"}],
-        env=[*env, "NVIDIA_MIG_CONFIG_DEVICES=all"],
-    )
-    caps = [*CAPS, "CAP_SYS_ADMIN"]
-    b.config["process"]["capabilities"] = {k: caps for k in ("bounding", "effective", "permitted")}
-    b.write()
+    script = _script(opens, {"other-card": (DRM_MAJOR, drm_card(other))})
+    b = _slice_pod(bundle_dir, board, script, mine.uuid, "NVIDIA_MIG_CONFIG_DEVICES=all")
     res = run_container(b, cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     seen = parse_probe(res.stdout)
@@ -210,3 +197,39 @@ def test_a_management_pod_keeps_the_fabric_nodes(
         f"/dev/dri/card{drm_card(other)}": "ENOENT",
     }
     assert _mknod_results(res.stdout) == {"/tmp/mk-other-card": "EPERM"}
+
+
+# --- issue 36 item 5: no whole major stays open for a class the container was not given ----------------
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_a_narrowed_privileged_container_cannot_make_a_node_of_a_class_it_was_not_given(
+    bundle_dir: Path, tmp_path: Path, cgroup2: bool
+) -> None:
+    """The ``8x`` node's /proc/devices names drm, nvidia-caps-imex-channels and nvidia-nvlink, and
+    its /dev has no node of them: a narrowed privileged slice pod used to keep ``c 226:*``,
+    ``c 234:*`` and ``c 236:*`` through its allow-all, and with CAP_MKNOD made such a node and
+    opened it (ENXIO: allowed). Now each is EPERM; its own card and the control node still open."""
+    from tests.hosttree import CAPS_MAJOR, IMEX_MAJOR, NVIDIA_MAJOR, TOPOLOGIES, UVM_MAJOR
+
+    mine = TOPOLOGIES["8x"].gpus[SLICE_INDEX]
+    mknods = {
+        "drm-card1": (DRM_MAJOR, 1),  # DRM: no node on the host, no GPU of this pod's
+        "drm-render128": (DRM_MAJOR, 128),
+        "imex5": (IMEX_MAJOR, 5),  # an IMEX channel it did not ask for
+        "nvlink": (NVLINK_MAJOR, 0),
+        "cap-77": (CAPS_MAJOR, 77),  # a MIG cap no node names: it holds no MIG instance
+        "own-gpu": (NVIDIA_MAJOR, mine.minor),
+        "ctl": (NVIDIA_MAJOR, 255),
+        "uvm": (UVM_MAJOR, 0),
+    }
+    b = _slice_pod(bundle_dir, _node(tmp_path, "8x"), _script([], mknods), mine.uuid)
+    res = run_container(b, cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    seen = parse_probe(res.stdout)
+    made = {f"/tmp/mk-{n}" for n in mknods}
+    denied = {f"/tmp/mk-{n}" for n in ("drm-card1", "drm-render128", "imex5", "nvlink", "cap-77")}
+    assert {p: _mknod_results(res.stdout)[p] for p in denied} == dict.fromkeys(denied, "EPERM"), res.stdout
+    # mknod refused: nothing to open (a node made anyway would be EPERM too: the rule is rwm)
+    assert {seen[p] for p in denied} <= {"ENOENT", "EPERM"}, seen
+    assert {seen[p] for p in made - denied} == {"ENXIO"}, seen  # its card, nvidiactl, nvidia-uvm: opened
