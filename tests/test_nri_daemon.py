@@ -7,6 +7,7 @@ namespace with its own /run and /var/log; its settings put the log and caches un
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from collections.abc import Iterator
@@ -286,3 +287,43 @@ def test_a_broken_settings_file_refuses_device_containers_and_starts_the_rest(tm
     assert "warning:" in err and "serving with the default NRI settings" in err
     (rec,) = [json.loads(line) for line in (tmp_path / "hook.log").read_text().splitlines()]
     assert rec["verdict"] == "error" and str(broken) in rec["error"]  # in the log the file still names
+
+
+LISTENER = """
+import os, socket, sys
+os.setgid(65534); os.setuid(65534)
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); c.settimeout(3)
+try:
+    print("got", len(c.recv(1 << 16)), flush=True)
+except TimeoutError:
+    print("got nothing", flush=True)
+"""
+
+
+def test_a_listener_that_is_not_root_gets_no_registration(
+    tmp_path: Path, node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A non-root process of a pod that got to listen at the socket path (a hostPath) is no runtime:
+    the daemon reads its credentials from the kernel (SO_PEERCRED) and sends it nothing."""
+    import subprocess
+    import sys
+
+    shared = Path("/tmp") / f"odh-nri-{os.getpid()}"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    sock = shared / "nri.sock"
+    listener = subprocess.Popen(
+        [sys.executable, "-c", LISTENER, str(sock)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "ready\n"
+        t = f.start_daemon(sock, _settings(tmp_path, node), sessions=1, sleep=lambda _s: None)
+        t.join(10)
+        out, _ = listener.communicate(timeout=10)
+    finally:
+        listener.kill()
+        sock.unlink(missing_ok=True)
+        shared.rmdir()
+    assert out == "got 0\n" or out == "got nothing\n", out  # closed unread: no RegisterPlugin
+    assert "runs as uid 65534, not root: not a runtime" in capsys.readouterr().err

@@ -2,11 +2,13 @@
 connects again with backoff whenever the runtime drops it or restarts.
 
 Rule: the daemon never exits on what a peer sends (``hook.routes.nri.session`` bounds it and
-ends that session); it logs one line to stderr when registered and one when dropped, with why,
-and the decision records to the settings' log as every route does (``route: nri``). Backoff
-doubles from ``MIN_BACKOFF`` to ``MAX_BACKOFF`` while connecting fails and starts again after a
-session that registered; a failing connect is logged once per streak, not once per try. The
-views a decision reads stay warm across containers (``hook.sources.warm``), as in ``hook serve``.
+ends that session) and talks to no listener that is not root's (``SO_PEERCRED``: a pod's non-root
+process that got to listen at the path is not a runtime). It logs one line to stderr when
+registered and one when dropped, with why, and the decision records to the settings' log as every
+route does (``route: nri``). Backoff doubles from ``MIN_BACKOFF`` to ``MAX_BACKOFF`` while
+connecting fails and starts again after a session that registered; a failing connect is logged
+once per streak, not once per try. The views a decision reads stay warm across containers
+(``hook.sources.warm``), as in ``hook serve``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,16 @@ def _connect(path: str) -> socket.socket:
     return sock
 
 
+def peer_problem(sock: socket.socket) -> str:
+    """Why the listener is not a runtime's ("" when it may be): the runtime runs as root, so a
+    listener of another uid (``SO_PEERCRED``, the kernel's word) is someone else's."""
+    import struct
+
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return f"the listener (pid {pid}) runs as uid {uid}, not root: not a runtime" if uid != 0 else ""
+
+
 def run(
     socket_path: str,
     options: Options,
@@ -94,7 +106,7 @@ def run(
         failing = ""
         session = Session(sock, plugin, register(name, index), log=say)
         try:
-            why = session.run()
+            why = peer_problem(sock) or session.run()
         except Exception as exc:  # a bug ends this session only: the daemon never exits on a peer's bytes
             why = f"internal error: {type(exc).__name__}: {exc}"
         finally:
