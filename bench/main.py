@@ -685,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     print(page)
     if not args.no_doc and not args.only:
         DOC.write_text(page)
+    routeset.print_targets(b)
     failed = [r.label for r in b.rows if r.passed is False] + [c[0] for c in b.checks if not c[1]]
     failed += [t.label for t in routeset.route_targets(b) if not t.passed]
     for label in failed:

@@ -13,8 +13,14 @@ ratio of a workload compares samples taken under the same drift. The routes, as 
   decided config written back, then runc (floor: a ``python3 -ISB`` that copies stdin to stdout).
 - nvidia: ``nvidia-container-runtime`` (CDI mode, ``bench.nvidia``) as the runtime binary.
 
-A *create+start+delete* workload drives ``create``, ``start`` and ``delete --force`` through the
-variant's runtime binary, as containerd's shim does; a *run* workload is one ``runc run``.
+Each route where a per-start process asks the decider (prestart, wrapper) also runs its *floor
+client* (``bench.floorclient``): the least such a process can do, decider warm, so the rows show
+what the shipped client spends above it.
+
+A *create+start+delete* workload drives ``create``, ``start``, a wait for the container's exit and
+``delete --force`` through the variant's runtime binary, as containerd's shim does (it is the
+container's subreaper and deletes after reaping it; without the wait, delete races the exit); a
+*run* workload is one ``runc run``.
 Every hook of a workload gets only ``--config S`` (the wrapper: ``OCI_DEVICE_HOOK_CONFIG=S``),
 and the decider ``serve --config S``: one settings file names the driver root, CDI dirs, log and
 caches, so the decider serves exactly the hooks of its workload.
@@ -22,13 +28,15 @@ caches, so the decider serves exactly the hooks of its workload.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import statistics
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +45,14 @@ from bench import bundles
 from bench.decider import MODES, Decider, running
 from bench.timing import Sample, round_robin
 
-__all__ = ["Node", "Workload", "Result", "Target", "measure", "PRECREATE_FLOOR"]
+__all__ = ["Node", "Workload", "Result", "Target", "measure", "PRECREATE_FLOOR", "FLOOR_CLIENT"]
 
 Make = Callable[[Path, str], dict[str, Any]]
 PRECREATE_FLOOR = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"
 WRAPPER_FLOOR = "import posix, sys\na = sys.argv[sys.argv.index('--') + 1:]\nposix.execv(a[0], a)\n"
+FLOOR_CLIENT = "floor-client"  # the variant's mode: bench.floorclient, decider warm
+CLIENT_ROUTES = ("prestart", "wrapper")  # the routes whose per-start process asks the decider
+PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class Workload:
     lifecycle: str  # "run" or "csd" (create+start+delete)
     routes: tuple[str, ...]  # of "prestart", "wrapper", "precreate"
     nvidia: bool = False
+    decided: bool = True  # False: the fast path lets it through (no decider asked, no floor client)
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,16 @@ class Kit:
             (d / "hook").chmod(0o755)
         return d
 
+    def floor_client(self) -> Path:
+        """``runtime`` (packaging/runtime) beside a ``hook`` that is the floor client."""
+        d = self.tmp / "floor-client"
+        if not (d / "runtime").exists():
+            from bench import floorclient
+
+            floorclient.install(d / "hook", self.interp)
+            shutil.copy2(bundles.REPO / "packaging" / "runtime", d / "runtime")
+        return d
+
     def wrapper(self) -> Path:
         w = self.launcher.parent / "runtime"
         if not w.exists():
@@ -135,10 +157,13 @@ def _sample(kit: Kit, w: Workload, variant: str, env: dict[str, str]) -> Sample:
     if route == "prestart":
         floor = [kit.interp, "-ISB", "-c", "pass"]
         cmd = floor if mode == "floor" else [str(kit.launcher), "--config", settings]
+        if mode == FLOOR_CLIENT:
+            cmd = [kit.interp, "-ISB", str(kit.floor_client() / "hook"), "prestart", "--config", settings]
         hooks = {"prestart": [{"path": cmd[0], "args": cmd, "env": bundles.HOOK_ENV, "timeout": 30}]}
     elif route == "wrapper":
-        runtime = str((kit.floor_dir() if mode == "floor" else kit.launcher.parent) / "runtime")
-        if mode != "floor":
+        dirs = {"floor": kit.floor_dir, FLOOR_CLIENT: kit.floor_client}
+        runtime = str((dirs[mode]() if mode in dirs else kit.launcher.parent) / "runtime")
+        if mode not in dirs:
             kit.wrapper()
     elif route == "precreate":
         pre = ([kit.interp, "-ISB", "-c", PRECREATE_FLOOR] if mode == "floor"
@@ -162,14 +187,17 @@ def _sample(kit: Kit, w: Workload, variant: str, env: dict[str, str]) -> Sample:
                 _check(subprocess.run([runtime, "--root", root, "run", "--bundle", str(bundle), cid],
                                       stdin=subprocess.DEVNULL, capture_output=True, env=run_env), variant)
             else:
+                pid_file = bundle / "init.pid"
                 with tempfile.TemporaryFile() as err:
-                    create = [runtime, "--root", root, "create", "--bundle", str(bundle), cid]
+                    create = [runtime, "--root", root, "create", "--bundle", str(bundle), "--pid-file",
+                              str(pid_file), cid]
                     created = subprocess.run(create, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                              stderr=err, env=run_env)
                     err.seek(0)
                     _check(created, f"{variant}: create", err.read())
                 _check(subprocess.run([runtime, "--root", root, "start", cid], stdin=subprocess.DEVNULL,
                                       capture_output=True, env=run_env), f"{variant}: start")
+                wait_exit(int(pid_file.read_text()))
                 _check(subprocess.run([runtime, "--root", root, "delete", "--force", cid],
                                       stdin=subprocess.DEVNULL, capture_output=True, env=run_env),
                        f"{variant}: delete")
@@ -181,12 +209,41 @@ def _sample(kit: Kit, w: Workload, variant: str, env: dict[str, str]) -> Sample:
     return run
 
 
+def wait_exit(pid: int) -> None:
+    """Until the container's init ``pid`` has exited: reaped as its subreaper (``measure`` makes
+    this process one for create+start+delete), else (not this process's child) watched in /proc."""
+    try:
+        os.waitpid(pid, 0)
+        return
+    except ChildProcessError:
+        pass
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):
+            return
+        time.sleep(0.0005)
+
+
+def subreaper(on: bool) -> None:
+    """Make this process the subreaper of its descendants (``prctl``), as containerd's shim is."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
 def variants(w: Workload, kit: Kit) -> list[str]:
     out = ["bare"]
     if w.nvidia and kit.nvidia:
         out.append("nvidia")
     for route in w.routes:
-        out += [f"{route}/floor", *(f"{route}/{m}" for m in MODES)]
+        client = route in CLIENT_ROUTES and w.decided
+        out += [f"{route}/floor", *([f"{route}/{FLOOR_CLIENT}"] if client else []),
+                *(f"{route}/{m}" for m in MODES)]
     return out
 
 
@@ -196,14 +253,14 @@ def measure(kit: Kit, w: Workload, rounds: int, after: Callable[[Decider], None]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OCI_DEVICE_HOOK_CONFIG": str(w.node.settings)}
     names = variants(w, kit)
     samples = {v: _sample(kit, w, v, env) for v in names}
-    with running(kit.launcher, w.node.settings, w.node.log) as decider:
+    with running(kit.launcher, w.node.settings, w.node.log) as decider, _reaping(w.lifecycle == "csd"):
 
         def before(v: str) -> None:
             mode = v.partition("/")[2]
-            decider.set(mode if mode in MODES else "in-process")
+            decider.set("warm" if mode == FLOOR_CLIENT else mode if mode in MODES else "in-process")
 
         def judge(v: str) -> None:
-            if v.endswith("/warm"):
+            if v.endswith("/warm") and w.decided:
                 decider.judge(v)
 
         times = round_robin(samples, rounds, before=before, after=judge)
@@ -213,16 +270,31 @@ def measure(kit: Kit, w: Workload, rounds: int, after: Callable[[Decider], None]
         return Result(w, times, decider.served)
 
 
+@contextlib.contextmanager
+def _reaping(on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    subreaper(True)
+    try:
+        yield
+    finally:
+        subreaper(False)
+
+
 # ---- rows and targets -------------------------------------------------------------------------------
 
 ROUTE_NAMES = {"prestart": "prestart (runc hook)", "wrapper": "runtime wrapper (containerd's route)",
                "precreate": "`hook precreate` (hooks.d)"}
 MODE_NAMES = {"floor": "the route's floor", "in-process": "none (in-process)", "warm": "warm",
-              "stopped": "stopped (socket refuses)"}
+              "stopped": "stopped (socket refuses)",
+              FLOOR_CLIENT: "warm: the floor client (os, sys, _socket, _blake2, _json; asks, no log)"}
 
 
 def served_note(r: Result, route: str) -> str:
     """How the warm samples of ``route`` were decided: all answered, or what else happened."""
+    if not r.workload.decided:
+        return ""
     got = r.served.get(f"{route}/warm", [])
     answered = sum(1 for v in got if v == "answered")
     if got and answered == len(got):
@@ -242,7 +314,9 @@ def table_rows(r: Result, nvidia_name: str) -> list[tuple[str, ...]]:
         rows.append((nvidia_name, "—", f"{ms:.1f} ms", f"{ms / bare:.2f}x", "—", "—", ""))
     for route in r.workload.routes:
         floor = r.ms(f"{route}/floor")
-        for mode in ("floor", *MODES):
+        for mode in ("floor", FLOOR_CLIENT, *MODES):
+            if f"{route}/{mode}" not in r.times:
+                continue
             ms = r.ms(f"{route}/{mode}")
             rel = "—" if mode == "floor" else f"{ms / floor:.2f}x"
             above = "—" if mode == "floor" else f"{ms - floor:+.1f} ms"
@@ -260,29 +334,46 @@ def _ratio(r: Result, a: str, b: str, label: str, limit: float) -> Target:
     return Target(label, ma / mb, limit, detail)
 
 
+def _across(r: Result, base: Result, variant: str, label: str, limit: float) -> Target:
+    """``variant`` in workload ``r`` against the same variant in ``base`` (their own rounds each)."""
+    ma, mb = r.ms(variant), base.ms(variant)
+    route = variant.partition("/")[0]
+    floors = f"; floors {r.ms(f'{route}/floor'):.1f} / {base.ms(f'{route}/floor'):.1f} ms"
+    notes = [n for n in (served_note(r, route), served_note(base, route)) if n]
+    detail = f"{ma:.1f} ms vs {mb:.1f} ms ({ma - mb:+.1f} ms){floors}" + "".join(f"; {n}" for n in notes)
+    return Target(label, ma / mb, limit, detail)
+
+
 def targets(results: dict[str, Result], shapes: tuple[str, ...]) -> list[Target]:
-    """Issue 27's speed targets, from whichever workloads this run measured."""
+    """Issue 35's speed targets (decider warm unless said), from whichever workloads this run measured."""
     out: list[Target] = []
-    cdi, v1, v2 = results.get("cdi1"), results.get("slice-v1"), results.get("slice-v2")
-    if cdi and "wrapper/warm" in cdi.times:
-        out.append(_ratio(cdi, "wrapper/warm", "wrapper/floor", "containerd route (wrapper), one GPU by CDI "
-                          "annotation, decider warm: x the route's floor", 1.10))
-        if "nvidia" in cdi.times:
-            out.append(_ratio(cdi, "wrapper/warm", "nvidia", "containerd route (wrapper), one GPU by CDI "
-                              "annotation, decider warm: x NVIDIA's runtime (CDI mode)", 1.10))
-    if v1 and "wrapper/warm" in v1.times:
-        out.append(_ratio(v1, "wrapper/warm", "wrapper/floor",
-                          "seed-000 slice pod through the wrapper, decider warm: x the route's floor", 1.15))
-    for version, r in ((1, v1), (2, v2)):
-        if r and "prestart/warm" in r.times:
-            label = (f"seed-000 slice pod, prestart, cgroup v{version}, decider warm: x its floor "
-                     "(`python3 -ISB -c pass` as the hook)")
-            out.append(_ratio(r, "prestart/warm", "prestart/floor", label, 1.15))
-    for key in shapes:
-        if key in results:
-            r = results[key]
-            out.append(_ratio(r, "prestart/warm", "prestart/floor",
-                              f"{r.workload.label}, prestart, decider warm: x its floor", 1.3))
+    cdi, nodev, base = results.get("cdi1"), results.get("nodev"), results.get("slice-v1")
+    if cdi:
+        for route in CLIENT_ROUTES:
+            if f"{route}/warm" not in cdi.times:
+                continue
+            what = f"one GPU by CDI annotation, {ROUTE_NAMES[route]}, decider warm"
+            out.append(_ratio(cdi, f"{route}/warm", f"{route}/floor", f"{what}: x the route's floor", 1.15))
+            if "nvidia" in cdi.times:
+                label = f"{what}: x NVIDIA's runtime (CDI mode)"
+                out.append(_ratio(cdi, f"{route}/warm", "nvidia", label, 1.05))
+    for version in (1, 2):
+        r = results.get(f"slice-v{version}")
+        for route, limit in (("wrapper", 1.25), ("prestart", 1.30)):
+            if r and f"{route}/warm" in r.times:
+                label = (f"seed-000 slice pod, {ROUTE_NAMES[route]}, cgroup v{version}, decider warm: "
+                         "x its floor")
+                out.append(_ratio(r, f"{route}/warm", f"{route}/floor", label, limit))
+    if nodev:
+        for route in nodev.workload.routes:
+            out.append(_ratio(nodev, f"{route}/warm", f"{route}/floor",
+                              f"no-device container, {ROUTE_NAMES[route]}: x its floor", 1.05))
+    for big in (results[key] for key in shapes if key in results and base is not None):
+        for route in big.workload.routes:
+            if base is not None and f"{route}/warm" in base.times:
+                label = (f"{big.workload.label}, {ROUTE_NAMES[route]}, decider warm: x the same route's "
+                         "8-GPU row (the slice pod, cgroup v1)")
+                out.append(_across(big, base, f"{route}/warm", label, 1.3))
     for r in results.values():
         for route in r.workload.routes:
             out.append(_ratio(r, f"{route}/stopped", f"{route}/in-process",

@@ -1,9 +1,10 @@
 """The workloads of issue 27's speed rows, the decider's memory check, and their part of the page.
 
-Rule: the workloads are the ones the issue names: one GPU by CDI annotation (create+start+delete,
-with NVIDIA's runtime beside the routes when ``--nvidia-runtime`` is given), the seed-000 slice
-pod (``runc run``) on cgroup v1 and v2, and the slice pod on the 8x7-MIG, 64 GPUs + 224 MIG and
-254-GPU nodes (prestart, where the issue sets their target). Each node is one settings file.
+Rule: the workloads are the ones issue 35 names: one GPU by CDI annotation (create+start+wait+delete,
+with NVIDIA's runtime beside the routes when ``--nvidia-runtime`` is given), the no-device container
+and the seed-000 slice pod (``runc run``) on cgroup v1, the slice pod on v2, and the slice pod on the
+8x7-MIG, 64 GPUs + 224 MIG and 254-GPU nodes (prestart and wrapper, each against the same route's
+8-GPU row: the v1 slice pod). Each node is one settings file.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def one_gpu(rootfs: Path, cgroups_path: str) -> dict[str, Any]:
 
 def _record(b: Any, r: Result) -> None:
     b.results[r.workload.key] = r
-    for route in r.workload.routes:
+    for route in r.workload.routes if r.workload.decided else ():
         got = r.served.get(f"{route}/warm", [])
         answered = sum(1 for v in got if v == "answered")
         b.checks.append((f"the decider answered every warm start: {r.workload.label}, {route}",
@@ -87,6 +88,8 @@ def run_step(b: Any, step: str) -> None:
                                        one_gpu, main, "csd", all3, nvidia=True), b.rounds))
         _record(b, measure(k, Workload("slice-v1", "seed-000 slice pod (`runc run`, cgroup v1)",
                                        bundles.slice_config, main, "run", all3), b.rounds))
+        _record(b, measure(k, Workload("nodev", "no-device container (`runc run`, cgroup v1)",
+                                       bundles.nodev_config, main, "run", all3, decided=False), b.rounds))
     elif step == "routes-v2":
         _record(b, measure(k, Workload("slice-v2", "seed-000 slice pod (`runc run`, cgroup v2)",
                                        bundles.slice_config, main, "run", ("prestart", "wrapper")), b.rounds))
@@ -98,7 +101,7 @@ def run_step(b: Any, step: str) -> None:
                 return hosts.slice_config(bundles.slice_config(rootfs, cgroups_path), spec)
 
             w = Workload(shape, f"{label} (`runc run`, cgroup v1)", make, node(b, shape, root), "run",
-                         ("prestart",))
+                         ("prestart", "wrapper"))
 
             _record(b, measure(k, w, max(5, b.rounds // 2)))
     elif step == "decider-rss":
@@ -179,6 +182,16 @@ def route_targets(b: Any) -> list[Target]:
     return targets(b.results, tuple(s for s, _ in SHAPES))
 
 
+def print_targets(b: Any) -> None:
+    """Every route target and the decider's RSS check, PASS or FAIL, one line each (stderr)."""
+    for t in route_targets(b):
+        print(f"bench: {'PASS' if t.passed else 'FAIL'}: {t.label}: {t.measured:.2f}x (<= {t.limit:g}x; "
+              f"{t.detail})", file=sys.stderr)
+    for label, ok, detail in b.checks:
+        if label.startswith("decider RSS"):
+            print(f"bench: {'PASS' if ok else 'FAIL'}: {label}: {detail}", file=sys.stderr)
+
+
 def page_section(b: Any) -> str:
     """The routes part of docs/performance.md (empty when no route step ran)."""
     if not b.results:
@@ -188,8 +201,8 @@ def page_section(b: Any) -> str:
     for r in b.results.values():
         n = len(next(iter(r.times.values())))
         out += [f"### {r.workload.label} ({n} rounds)", "", *_md(table_rows(r, name)), ""]
-    out += ["### Targets (decider warm unless said)", "", "| target | measured | limit | result | detail |",
-            "| --- | ---: | ---: | --- | --- |"]
+    out += ["### Targets (issue 35; decider warm unless said)", "",
+            "| target | measured | limit | result | detail |", "| --- | ---: | ---: | --- | --- |"]
     for t in route_targets(b):
         out.append(f"| {t.label} | {t.measured:.2f}x | ≤ {t.limit:g}x | "
                    f"{'PASS' if t.passed else '**FAIL**'} | {t.detail} |")

@@ -120,3 +120,64 @@ def test_a_warm_start_is_served_only_when_the_hook_record_says_answered(
         f.write(json.dumps({"verdict": "apply"}) + "\n")  # no field, and no decider to count: unknown
     d.judge("prestart/warm")
     assert d.served == {"prestart/warm": ["answered", "fallback", "untrusted", "unknown"]}
+
+
+def _fake_runtime(tmp: Path) -> Path:
+    """A runtime whose container is ``sh -c 'sleep 0.3; touch done'`` started by create (its pid in
+    ``--pid-file``), and whose delete says whether that container had exited."""
+    script = tmp / "runtime"
+    script.write_text(
+        "#!/bin/sh\n"
+        'prev=; for a in "$@"; do [ "$prev" = --pid-file ] && pidfile=$a; prev=$a; done\n'
+        f"cd {tmp}\n"
+        'case " $* " in\n'
+        "*' create '*) sh -c 'sleep 0.3; touch done' </dev/null >/dev/null 2>&1 & echo $! > \"$pidfile\" ;;\n"
+        "*' delete '*) if [ -e done ]; then echo exited >> log; else echo running >> log; fi ;;\n"
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("reaper", [True, False], ids=["subreaper", "not-our-child"])
+def test_create_start_delete_waits_for_the_containers_exit_before_delete(
+    tmp_path: Path, reaper: bool
+) -> None:
+    """As containerd's shim: delete only after the container's init has exited (issue 35 item 4).
+    As its subreaper the bench reaps it; a container that is not its child is watched in /proc."""
+    kit = routes.Kit(
+        tmp=tmp_path,
+        rootfs=tmp_path,
+        launcher=tmp_path / "hook",
+        interp="python3",
+        runc=str(_fake_runtime(tmp_path)),
+        nvidia=None,
+        nvidia_env={},
+    )
+    w = Workload("cdi1", "one GPU", lambda r, c: {}, _node(tmp_path), "csd", ())
+    run = routes._sample(kit, w, "bare", {"PATH": "/usr/bin:/bin"})
+    routes.subreaper(reaper)
+    try:
+        assert run() >= 0.25
+    finally:
+        routes.subreaper(False)
+    assert (tmp_path / "log").read_text() == "exited\n"
+
+
+def test_the_floor_client_speaks_the_wire_and_reads_the_answer(tmp_path: Path) -> None:
+    """``install`` checks its MAC against the wire's; the answer's code and decided config are read
+    as the decider writes them (``to_wire``), a record with its own "code" and "out" keys or not."""
+    from bench import floorclient
+    from hook.routes.decision import Spec, to_wire
+
+    script = floorclient.install(tmp_path / "hook", "python3").read_text()
+    scope: dict[str, Any] = {}
+    exec(script.partition("\n\nargv = ")[0], scope)
+    out = b'{"linux": {"devices": [], "x": "a \\"quoted\\" \\u00e9"}}\n'
+    for record in ({"verdict": "apply"}, {"code": 9, "out": "not this", "nested": {"out": None}}):
+        answer = to_wire(Spec(code=0, out=out, record=record)).decode()
+        assert scope["field"](answer, "code") == 0
+        assert scope["field"](answer, "out", last=True) == out.decode()
+    assert scope["field"](to_wire(Spec(code=3)).decode(), "out", last=True) is None
+    state = b'{"ociVersion":"1.0.2","id":"c","status":"creating","bundle":"/b/x y","annotations":{}}'
+    assert scope["field"](state.decode(), "bundle") == "/b/x y"
