@@ -194,3 +194,30 @@ def test_garbage_raises_only_the_codecs_own_errors() -> None:
         ):
             with contextlib.suppress(ValueError):
                 parse(data)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "version", "nri", "applied"),
+    [
+        ("containerd", "v2.2.7", "", True),
+        ("containerd", "2.2.0-rc.1", "", True),
+        ("containerd", "v2.1.9", "", False),
+        ("containerd", "1.7.24", "", False),
+        ("cri-o", "1.34.0", "", True),
+        ("cri-o", "1.33.2", "", False),
+        ("containerd", "v2.2.7", "v0.9.0", False),  # NRI's own version wins where sent
+        ("containerd", "v2.1.9", "v0.10.0", True),
+        ("podman", "5.4.0", "", False),  # anything unknown: start narrows alone
+        ("containerd", "", "", False),
+        ("containerd", "main-abc", "", False),
+    ],
+)
+def test_device_rules_at_create_only_where_nri_applies_them(
+    runtime: str, version: str, nri: str, applied: bool
+) -> None:
+    from hook.routes.nri.plugin import rules_applied
+
+    assert (
+        rules_applied(messages.Configure(runtime_name=runtime, runtime_version=version, nri_version=nri))
+        is applied
+    )
