@@ -128,8 +128,10 @@ def test_the_runtime_wrapper_decides_the_same_with_the_decider(tmp_path: Path, n
     assert status.get("requests") == 1, (status, Path(f"{tmp_path}/status.json.err").read_text())
     for part in ("rc", "out", "err"):
         assert (tmp_path / f"alone.{part}").read_text() == (tmp_path / f"served.{part}").read_text(), part
-    alone, served = (b / "config.json" for b in bundles.values())
-    assert json.loads(alone.read_bytes()) == json.loads(served.read_bytes())
+    alone, served = (json.loads((b / "config.json").read_bytes()) for b in bundles.values())
+    marks = [c.get("annotations", {}).pop("oci-device-hook/decided", "") for c in (alone, served)]
+    assert alone == served  # the markers differ: each binds its own container id (alone, served)
+    assert len({m[:3] for m in marks}) == 1 and (marks[0] == "" or marks[0] != marks[1]), marks
     records = _records(tmp_path / "hook.log")
     assert len(records) == 2
     for rec in records:  # the container ids differ (alone/served): they are the command line's

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from hook.adapters.allowlist import access_of, is_allow_list
-from hook.adapters.marker import ANNOTATION, KEY_NAME, load_key
+from hook.adapters.marker import ANNOTATION
 from hook.core.oci import parse_rule
 from hook.core.rules import Access, DeviceType
+from hook.sources.nodekey import KEY_NAME, make_key, read_key
 from tests.bundles import EXAMPLES, NODE_CDI, NODE_INVENTORY, _hook_exe, settings_file
 from tests.hosttree import CAPS_MAJOR, make_host_tree
 
@@ -43,15 +44,27 @@ def node(tmp_path: Path) -> dict[str, Any]:
 # The hook writes its fast-path cache under /run/oci-device-hook, and a line it cannot put in the
 # settings' log goes to the default /var/log/oci-device-hook.log: each run gets a private tmpfs over both.
 PRIVATE_RUN = (
-    'mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && mount -t tmpfs tmpfs /var/log'
+    "mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/oci-device-hook && mount -t tmpfs tmpfs /var/log"
     ' && exec "$@"'
 )
 IN_NS = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh"]
+KEY_DIR = "/var/lib/oci-device-hook"  # the node key's (hook.sources.nodekey.KEY_DIR)
 
 
-def precreate(node: dict[str, Any], cfg: bytes, *extra: str, env: dict[str, str] | None = None):
+def key_dir_view(setup: str) -> list[str]:
+    """The hook run with a fresh tmpfs key dir, ``setup`` (shell) run on it first."""
+    script = f"mount -t tmpfs -o mode=0700 tmpfs {KEY_DIR} && {setup} && " + PRIVATE_RUN
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
+
+
+def precreate(
+    node: dict[str, Any], cfg: bytes, *extra: str, env: dict[str, str] | None = None, ns: list[str] = IN_NS
+):
+    """``hook precreate`` as the runtime wrapper runs it for container ``ctr-m`` (the examples have no
+    cgroupsPath: the id is what the marker binds; ``_prestart`` starts that container)."""
+    env = {"OCI_DEVICE_HOOK_CONTAINER_ID": "ctr-m", **(env or {})}
     return subprocess.run(
-        [*IN_NS, *_hook_exe(), "precreate", *node["args"], *extra],
+        [*ns, *_hook_exe(), "precreate", *node["args"], *extra],
         input=cfg,
         capture_output=True,
         timeout=60,
@@ -96,7 +109,7 @@ def test_slice_pod_becomes_an_allow_list_with_only_its_card(node: dict[str, Any]
     assert not any(access_of(rules, C, CAPS_MAJOR, m) for m in range(300))
     assert access_of(rules, C, 1, 3) == Access.RWM  # /dev/null and every other major stay
     assert access_of(rules, DeviceType.BLOCK, 8, 0) == Access.RWM
-    assert out["annotations"][ANNOTATION].startswith("v2:")
+    assert out["annotations"][ANNOTATION].startswith("v3:")
     record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
     assert (record["verdict"], record["stage"]) == ("apply", "precreate")
 
@@ -109,7 +122,7 @@ def test_decided_config_goes_through_again_unchanged(node: dict[str, Any]) -> No
 
 def test_a_forged_marker_never_skips_the_decision(node: dict[str, Any]) -> None:
     cfg = json.loads(example("slice-privileged"))
-    cfg["annotations"][ANNOTATION] = "v2:" + "0" * 64
+    cfg["annotations"][ANNOTATION] = "v3:" + "0" * 64
     res = precreate(node, json.dumps(cfg).encode())
     out = json.loads(res.stdout)
     assert nvidia_paths(out) == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1", "/dev/nvidiactl"]
@@ -216,31 +229,41 @@ def test_settings_give_driver_root_and_spec_dirs(tmp_path: Path, node: dict[str,
 
 
 def test_no_usable_key_means_no_marker(node: dict[str, Any]) -> None:
-    real = node["tmp"] / "real-cache"
-    real.mkdir(mode=0o700)
-    (node["tmp"] / "cache").symlink_to(real)  # a symlinked key directory is never followed
-    res = precreate(node, example("slice-privileged"))
+    """The node key's dir is another user's: no key is made there, and no marker."""
+    res = precreate(node, example("slice-privileged"), ns=key_dir_view(f"chown 12345 {KEY_DIR}"))
     assert res.returncode == 0
     assert ANNOTATION not in json.loads(res.stdout)["annotations"]
-    assert not (real / KEY_NAME).exists()
+
+
+def test_the_marker_key_is_not_under_run(node: dict[str, Any]) -> None:
+    """Issue 36 item 4: a pod with the host's /run (read-only) reads whatever lies there; the
+    marker's key is the node key, in the key dir, and precreate leaves no key in /run."""
+    script = f"mount -t tmpfs -o mode=0700 tmpfs {KEY_DIR} && " + PRIVATE_RUN.replace(
+        ' && exec "$@"', ' && "$@"; ls -a /run/oci-device-hook; ls /var/lib/oci-device-hook >&2'
+    )
+    ns = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
+    res = precreate(node, example("slice-privileged"), ns=ns)
+    out, listed = res.stdout.split(b"\n}\n", 1)
+    assert json.loads(out + b"\n}")["annotations"][ANNOTATION].startswith("v3:")
+    assert b".key" not in listed and KEY_NAME.encode() in res.stderr
 
 
 def test_key_is_root_only_and_refused_through_a_symlink(tmp_path: Path) -> None:
-    key = load_key(tmp_path / "cache", create=True)
-    assert key is not None and len(key) == 32
-    st = os.stat(tmp_path / "cache" / KEY_NAME)
-    assert st.st_mode & 0o777 == 0o600 and (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
-    assert load_key(tmp_path / "cache", create=True) == key
+    key = make_key(str(tmp_path / "keys"))
+    assert len(key) == 32
+    st = os.stat(tmp_path / "keys" / KEY_NAME)
+    assert st.st_mode & 0o777 == 0o600 and (tmp_path / "keys").stat().st_mode & 0o777 == 0o700
+    assert make_key(str(tmp_path / "keys")) == key
     other = tmp_path / "other"
     other.mkdir(mode=0o700)
-    (other / KEY_NAME).symlink_to(tmp_path / "cache" / KEY_NAME)
-    assert load_key(other, create=False) is None
+    (other / KEY_NAME).symlink_to(tmp_path / "keys" / KEY_NAME)
+    assert read_key(str(other)) is None
 
 
-def _prestart(node: dict[str, Any], bundle: Path) -> subprocess.CompletedProcess[bytes]:
+def _prestart(node: dict[str, Any], bundle: Path, cid: str = "ctr-m") -> subprocess.CompletedProcess[bytes]:
     state = {
         "ociVersion": "1.0.2",
-        "id": "ctr-m",
+        "id": cid,
         "status": "created",
         "pid": 999_999_999,
         "bundle": str(bundle),
@@ -274,6 +297,21 @@ def test_prestart_does_nothing_more_for_a_decided_config_and_decides_a_forged_on
     # it narrows (the class majors the node's /proc/devices names are denied whole: issue 36 item
     # 5), which needs the container's pid: this state's is fake, so it fails closed, no shortcut
     assert res.returncode != 0 and "/proc/999999999" in record["error"], record
+
+
+def test_a_marker_made_for_one_container_is_not_another_containers(node: dict[str, Any]) -> None:
+    """Issue 36 item 4: the decided config (and its marker) of container ``ctr-m``, handed to another
+    container ``ctr-x`` (a pod copying a marker it saw), is decided again there."""
+    bundle = node["tmp"] / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_bytes(precreate(node, example("slice-privileged")).stdout)
+    res = _prestart(node, bundle, cid="ctr-x")
+    assert res.returncode == 0, res.stderr
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert "precreate" not in str(record.get("reason")), record
+    _prestart(node, bundle)  # the control: for its own container it holds
+    record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
+    assert record["verdict"] == "none" and "precreate" in record["reason"]
 
 
 def test_plain_container_takes_the_fast_path_without_json_or_the_decision(tmp_path: Path) -> None:
@@ -442,13 +480,13 @@ def test_a_bad_key_file_is_replaced_not_left_to_disable_markers(kind: str, tmp_p
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     target = _bad_key(cache, kind, tmp_path)
-    assert load_key(cache, create=False) is None  # prestart never trusts it...
-    key = load_key(cache, create=True)  # ...and precreate replaces it
-    assert key is not None and len(key) == 32
+    assert read_key(str(cache)) is None  # prestart never trusts it...
+    key = make_key(str(cache))  # ...and precreate replaces it
+    assert len(key) == 32
     st = os.lstat(cache / KEY_NAME)
     assert st.st_mode & 0o777 == 0o600 and os.path.isfile(cache / KEY_NAME)
     assert not os.path.islink(cache / KEY_NAME)
-    assert load_key(cache, create=False) == key == load_key(cache, create=True)
+    assert read_key(str(cache)) == key == make_key(str(cache))
     if target is not None:  # the symlink itself was replaced, never written through
         assert target.read_bytes() == b"t" * 32
     assert sorted(p.name for p in cache.iterdir()) == [KEY_NAME]  # no temporary left
@@ -458,30 +496,29 @@ def test_a_key_name_taken_by_a_directory_means_no_key(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     _bad_key(cache, "directory", tmp_path)
-    assert load_key(cache, create=True) is None
+    with pytest.raises(OSError):
+        make_key(str(cache))
     assert sorted(p.name for p in cache.iterdir()) == [KEY_NAME]
 
 
 def test_precreate_signs_again_after_a_bad_key(node: dict[str, Any]) -> None:
-    cache = node["tmp"] / "cache"
-    cache.mkdir(mode=0o700)
-    (cache / KEY_NAME).write_bytes(b"")
-    res = precreate(node, example("slice-privileged"))
+    ns = key_dir_view(f": > {KEY_DIR}/{KEY_NAME}")  # an empty key file: replaced, then signed with
+    res = precreate(node, example("slice-privileged"), ns=ns)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["annotations"][ANNOTATION].startswith("v2:")
-    assert precreate(node, res.stdout).stdout == res.stdout
+    assert json.loads(res.stdout)["annotations"][ANNOTATION].startswith("v3:")
 
 
 @pytest.mark.parametrize("mode", [0o720, 0o702, 0o770, 0o777, 0o1777])
 def test_a_key_directory_others_may_write_is_never_trusted(mode: int, tmp_path: Path) -> None:
-    """Issue 21, item 11: ``marker._safe_dir`` (another user could swap the key in such a directory)."""
+    """Issue 21, item 11: no reader trusts a key in a directory others may write (they could swap
+    it); only the maker narrows its own directory back to 0700 (issue 36 item 6) before it reads."""
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    key = load_key(cache, create=True)
-    assert key is not None and load_key(cache, create=False) == key
+    key = make_key(str(cache))
+    assert read_key(str(cache)) == key
     cache.chmod(mode)
-    assert load_key(cache, create=False) is None
-    assert load_key(cache, create=True) is None
+    assert read_key(str(cache)) is None
+    assert make_key(str(cache)) == key and cache.stat().st_mode & 0o7777 == 0o700
 
 
 @pytest.mark.parametrize("name", ["cpu", "slice-privileged"], ids=["fast-path", "decided"])

@@ -146,19 +146,23 @@ def salvaged(opts: dict[str, list[str]]) -> Settings | None:
     return salvage_log(Path(config[-1])) if config else None
 
 
-def decided_before(config: OciConfig, annotations: Mapping[str, str], settings: Settings) -> bool:
-    """``hook precreate`` on this node decided exactly these nodes and rules, for this pod, on the
-    kubelet evidence and settings it would read now (``hook.adapters.marker``)."""
-    from hook.adapters.marker import ANNOTATION, binding, load_key, verify
+def decided_before(
+    config: OciConfig, annotations: Mapping[str, str], settings: Settings, container_id: str
+) -> bool:
+    """``hook precreate`` on this node decided exactly these nodes and rules, for this container
+    (``container_id``, its ``cgroupsPath``) and pod, on the kubelet evidence and settings it would
+    read now (``hook.adapters.marker``)."""
+    from hook.adapters.marker import ANNOTATION, binding, verify
     from hook.routes.gather import kubelet_evidence
+    from hook.sources.nodekey import node_key
 
     if ANNOTATION not in config.annotations:
         return False
-    key = load_key(Path(settings.cache_dir), create=False)
+    key = node_key()
     if key is None:
         return False
     evidence = kubelet_evidence(annotations, config.cgroups_path, settings)
-    return verify(key, config, binding(evidence, settings))
+    return verify(key, config, binding(evidence, settings), container_id)
 
 
 def decide_live(opts: dict[str, list[str]], look: Look) -> Live:
@@ -187,7 +191,7 @@ def decide_live(opts: dict[str, list[str]], look: Look) -> Live:
             "cgroups_path": cgroups,
             "before": before,
         }
-        if decided_before(config, annotations, settings):
+        if decided_before(config, annotations, settings, container):
             record = {"verdict": "none", "reason": "decided at precreate (valid marker): nothing more to do"}
             return normalized(Live(code=0, record={**record, "container": {"id": container}}, **common))
         inputs = load_inputs(state, replace(options, settings=settings), config)

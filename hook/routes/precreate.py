@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hook.adapters.marker import ANNOTATION, binding, load_key, sign
+from hook.adapters.marker import ANNOTATION, binding, sign
 from hook.core.decide import Inputs, decide
 from hook.core.errors import HookError
 from hook.core.escape import clean
@@ -108,7 +108,7 @@ def _decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec
         before = remember(opts, settings)  # later plain containers take the fast path under these settings
         config = parse_config(stdin, SOURCE, "")
         container = _container_id(config, facts)
-        if decided_before(config, config.annotations, settings):
+        if decided_before(config, config.annotations, settings, facts.container_id or ""):
             return Spec(
                 code=0, before=before
             )  # decided on this node before (the wrapper after podman, a retry)
@@ -138,16 +138,21 @@ def _decide_spec(opts: dict[str, list[str]], stdin: bytes, facts: Facts) -> Spec
         if not plan.changes:
             return normalized(Spec(code=0, record=report, **common))
         out = decided_config(inputs, plan, options.driver_root or Path("/"), options.spec_dirs)
-        key = load_key(Path(settings.cache_dir), create=True)
-        if key is not None:
-            annotations = out.setdefault("annotations", {})
-            annotations.pop(ANNOTATION, None)
-            bound = binding(inputs.requests.kubelet, settings)
-            annotations[ANNOTATION] = sign(key, parse_config_object(out, SOURCE, ""), bound)
+        from hook.sources.nodekey import node_key
+
+        key = node_key(create=True)
+        annotations = out.setdefault("annotations", {})
+        annotations.pop(ANNOTATION, None)
+        decided = parse_config_object(out, SOURCE, "")
+        bound = binding(inputs.requests.kubelet, settings)
+        made = None if key is None else sign(key, decided, bound, facts.container_id or "")
+        if made is not None:
+            annotations[ANNOTATION] = made
         else:
+            why = "no node key" if key is None else "no container id or cgroupsPath to bind it to"
             report["warnings"] = [
                 *report.get("warnings", []),
-                "no marker key: a prestart hook will decide again",
+                f"no marker ({why}): a prestart hook will decide again",
             ]
         import json
 

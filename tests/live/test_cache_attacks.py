@@ -166,3 +166,67 @@ def test_the_log_never_rotates_a_file_the_hook_did_not_create(
         "/tmp/n0": "EPERM",
     }
     assert victim.read_text() == precious and not Path(f"{victim}.1").exists()
+
+
+# --- issue 36 item 4: the marker's key is not under /run, and a marker is one container's -------
+
+MARKER_FORGER = r"""
+import hashlib, hmac, json, sys
+from pathlib import Path
+from hook.adapters import marker
+from hook.core.oci import parse_config_object
+from hook.sources.settingsfile import load_settings
+stolen, bundle, settings = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+key = stolen.read_bytes() if stolen.exists() else bytes(32)  # the best a reader of /run has
+config = json.loads((bundle / "config.json").read_text())
+parsed = parse_config_object(config, "config.json", str(bundle))
+try:  # the scheme the first design used: HMAC-SHA256 over the nodes, rules and binding
+    text = marker.digest_text(parsed, marker.binding(None, load_settings(settings)))
+except Exception:
+    text = b""
+made = "v2:" + hmac.new(key, text, hashlib.sha256).hexdigest()
+config.setdefault("annotations", {})[marker.ANNOTATION] = made
+(bundle / "config.json").write_text(json.dumps(config))
+print("MARKED", len(key))
+"""
+
+
+def test_a_marker_precomputed_from_what_run_holds_does_not_free_the_slice_pod(
+    bundle_dir: Path, host: dict[str, Path], tmp_path: Path
+) -> None:
+    """A container with the host's /run read-only copies whatever key it finds there (the first
+    design kept ``precreate.key`` in the cache dir); a marker made with it goes on the slice pod's
+    config as a pod annotation would. The prestart hook still decides, and narrows it."""
+    default_cache_settings(host)
+    first = tmp_path / "first.json"
+    first.write_text((REPO / "examples" / "slice-privileged" / "config.json").read_text())
+    precreate = [sys.executable, "-I", "-m", "hook", "precreate", "--config", str(host["settings"]),
+                 "--driver-root", str(host["root"]), "--cdi-spec-dir", str(host["no_cdi"])]  # fmt: skip
+    thief = build_bundle(
+        tmp_path / "thief",
+        [
+            "/bin/sh",
+            "-c",
+            f"for f in {CACHE}/*.key; do cat $f > /stolen.key && echo STOLE $f; done; echo LOOKED",
+        ],
+    )
+    thief.config["mounts"].append(
+        {"destination": "/run", "type": "bind", "source": "/run", "options": ["rbind", "ro"]}
+    )
+    thief.write()
+    pod = slice_pod(bundle_dir, host)
+    q = lambda a: "'" + a.replace("'", "'\\''") + "'"  # noqa: E731
+    forge = [sys.executable, "-I", "-c", MARKER_FORGER, str(thief.rootfs / "stolen.key"), str(pod.path)]
+    forge.append(str(host["settings"]))
+    outs = [tmp_path / "thief.out", tmp_path / "pod.out"]
+    lines = [
+        " ".join(map(q, precreate)) + f" < {q(str(first))} > /dev/null",
+        runc_line(thief, outs[0]),
+        f"cd {q(str(REPO))} && " + " ".join(map(q, forge)),
+        runc_line(pod, outs[1]),
+    ]
+    text = in_view(lines)
+    print(text, *(o.read_text() for o in outs))
+    assert "LOOKED" in outs[0].read_text() and "MARKED" in text
+    want = {"/dev/nvidia1": "ENXIO", "/dev/nvidia0": "ENOENT", "/tmp/n0": "EPERM"}
+    assert parse_probe(outs[1].read_text()) == want, outs[1].read_text()
