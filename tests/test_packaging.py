@@ -523,3 +523,40 @@ def test_daemonset_decider_waits_for_the_hook_under_the_installers_prefix_and_sa
             proc.kill()
     assert out == f"chroot {root} /opt/oci-device-hook/hook serve\n"
     assert "waiting for the installer to put /opt/oci-device-hook/hook on the node" in err
+
+
+def test_daemonset_loop_stops_re_applying_once_uninstall_is_under_way(tmp_path: Path) -> None:
+    """Issue 37 item 4: the preStop's uninstall runs beside install.sh's loop; a loop that re-applied
+    (settings, and a re-registration) meanwhile would undo the uninstall. uninstall.sh marks it in
+    the pod's own emptyDir and the loop skips from then on."""
+    install, uninstall = _k8s_script("install.sh", tmp_path), _k8s_script("uninstall.sh", tmp_path)
+    tree = tmp_path / "tree"
+    installer = tree / "usr/libexec/oci-device-hook/installer"
+    installer.parent.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    installer.write_text(f'#!/bin/sh\necho "$1" >>{calls}\n')
+    installer.chmod(0o755)
+    settings = tmp_path / "config.yaml"
+    settings.write_text("{}\n")
+    state = tmp_path / "pod"
+    state.mkdir()
+    env = {"PATH": os.environ["PATH"], "SRC": str(tree), "HOST_ROOT": str(tmp_path),
+           "SETTINGS": str(settings), "SETTINGS_POLL_SECONDS": "0.1", "POD_STATE": str(state),
+           "UNINSTALL_ON_STOP": "true"}  # fmt: skip
+    loop = subprocess.Popen(["sh", str(install)], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while not (calls.exists() and "settings" in calls.read_text()):
+            assert time.monotonic() < deadline, "the loop never re-applied"
+            time.sleep(0.1)
+        stop = subprocess.run(["sh", str(uninstall)], env=env, capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert (state / "uninstalling").exists()
+        time.sleep(0.3)
+        seen = calls.read_text()
+        assert seen.splitlines()[-1] == "uninstall"
+        time.sleep(1)
+        assert calls.read_text() == seen  # nothing re-applied after the uninstall
+    finally:
+        loop.kill()
+        loop.wait()

@@ -235,6 +235,18 @@ def test_the_release_step_tags_the_image_and_renders_the_manifests_with_the_vers
     stream = (tmp_path / f"dist/oci-device-hook-{VERSION}.yaml").read_text()
     assert set(_images(stream)) == {f"reg.example/odh:{VERSION}"}
     assert json.loads((tmp_path / "dist/BUNDLE.json").read_text())["python"]
+    # the Helm chart, with this version and image (issue 37 item 3): the tree's holds neither
+    with tarfile.open(tmp_path / f"dist/oci-device-hook-chart-{VERSION}.tgz") as tar:
+        chart = yaml.safe_load(tar.extractfile("oci-device-hook/Chart.yaml").read())  # type: ignore[union-attr]
+        values = yaml.safe_load(tar.extractfile("oci-device-hook/values.yaml").read())  # type: ignore[union-attr]
+        assert "oci-device-hook/templates/daemonset.yaml" in tar.getnames()
+        tar.extractall(tmp_path / "chart", filter="data")
+    from tests.helmlite import render_chart
+
+    rendered = render_chart(tmp_path / "chart/oci-device-hook")  # no values: the release's own image
+    assert set(_images(rendered["daemonset.yaml"])) == {f"reg.example/odh:{VERSION}"}
+    assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION)
+    assert values["image"]["repository"] == "reg.example/odh" and values["image"]["tag"] == ""
     # a .deb of another version is refused: the release never mixes versions
     other = tmp_path / "other.deb"
     other.write_bytes(b"")

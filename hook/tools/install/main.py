@@ -270,7 +270,8 @@ def _leftovers(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="installer", description="install oci-device-hook on a node")
-    p.add_argument("action", choices=["install", "uninstall", "settings", "status", "register", "unregister"])
+    p.add_argument("action", choices=["install", "uninstall", "settings", "status", "register", "unregister",
+                                      "teardown"])  # fmt: skip
     p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
     p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
     p.add_argument("--prefix", "--libexec", dest="libexec", default=DEFAULTS["libexec"],
@@ -290,6 +291,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--purge", action="store_true", help="uninstall: also remove the settings directory; "
                    "both: each pass-through no task names, once containerd runs its restored config")
     p.add_argument("--proc", default="/proc", help="the node's procfs (which containerd runs, since when)")
+    p.add_argument("--daemonset", default="oci-device-hook", help="teardown: NAMESPACE/NAME or NAME (Helm's)")
+    p.add_argument("--timeout", type=float, default=600, help="teardown: seconds to wait for the rollout")
+    p.add_argument("--api", default="", help="teardown: the API server (default: the pod's service env)")
     return p
 
 
@@ -310,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             return register(node)
         if opts.action == "unregister":
             return unregister(node)
+        if opts.action == "teardown":  # Helm's pre-delete hook (teardown.py): no node is touched
+            from hook.tools.install.teardown import teardown
+
+            ns, _, name = opts.daemonset.rpartition("/")
+            return teardown(ns or os.environ.get("POD_NAMESPACE", "default"), name, opts.timeout, opts.api)
         print(json.dumps(read_record(node), indent=2, sort_keys=True))
         return 0
     except (HookError, InputError) as exc:

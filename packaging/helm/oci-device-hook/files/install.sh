@@ -1,0 +1,28 @@
+#!/bin/sh
+# Install this version in its own directory on the node, switch the `current` symlink,
+# register with hooks.d (CRI-O, podman) and with containerd's runc handlers when the node
+# runs containerd; then re-apply the settings ConfigMap whenever it changes.
+# Paths are overridable for tests only.
+set -eu
+src=${SRC:-/opt/oci-device-hook/root}
+root=${HOST_ROOT:-/host}
+settings=${SETTINGS:-/config/config.yaml}
+installer="$src/usr/libexec/oci-device-hook/installer"
+# shellcheck disable=SC2086  # INSTALL_ARGS: extra installer options, word-split (tests)
+set -- --root "$root" --src "$src" ${INSTALL_ARGS:-}
+[ -n "${ENGINE:-}" ] && set -- "$@" --engine "$ENGINE"
+[ -n "${HOOK_MODE:-}" ] && set -- "$@" --mode "$HOOK_MODE"
+[ -n "${PREFIX:-}" ] && set -- "$@" --prefix "$PREFIX"
+[ -n "${NODE_PYTHON:-}" ] && set -- "$@" --python "$NODE_PYTHON"
+[ "${RESTART_ENGINE:-false}" = true ] && set -- "$@" --restart-engine
+if [ -f "$settings" ]; then
+  "$installer" install "$@" --settings "$settings"
+else
+  "$installer" install "$@"
+fi
+[ "${WATCH_SETTINGS:-true}" = true ] || exit 0
+while sleep "${SETTINGS_POLL_SECONDS:-60}"; do
+  # uninstall.sh (preStop) is undoing the install: re-applying now would undo the uninstall
+  [ -e "${POD_STATE:-/run/pod}/uninstalling" ] && continue
+  if [ -f "$settings" ]; then "$installer" settings "$@" --settings "$settings" || true; fi
+done
