@@ -62,3 +62,19 @@ def test_the_nri_daemonset_mounts_the_socket_and_tolerates_a_missing_plugin() ->
     mount = mounts[f"/host{socket_dir}"]
     assert volumes[mount["name"]] == socket_dir and not mount.get("readOnly")
     assert mounts["/host"]["readOnly"] is True
+
+
+def test_the_nri_unit_runs_hook_nri_and_is_never_enabled_by_the_package() -> None:
+    """The route is the operator's choice: the .deb installs the unit; postinst never enables it,
+    prerm disables it before its file goes."""
+    unit = (REPO / "packaging/debian/oci-device-hook-nri.service").read_text()
+    exec_start = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    assert exec_start == "ExecStart=/usr/libexec/oci-device-hook/hook nri"
+    assert "oci-device-hook-nri" not in (REPO / "packaging/debian/postinst").read_text()
+    assert "disable --now oci-device-hook-nri.service" in (REPO / "packaging/debian/prerm").read_text()
+
+
+def test_the_deb_carries_the_nri_unit_and_manifest(built_deb: Path) -> None:
+    listing = subprocess.run(["dpkg-deb", "-c", str(built_deb)], capture_output=True, text=True, check=True)
+    assert "./lib/systemd/system/oci-device-hook-nri.service" in listing.stdout
+    assert "./usr/share/doc/oci-device-hook/kubernetes/nri/daemonset.yaml" in listing.stdout

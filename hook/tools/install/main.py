@@ -50,6 +50,7 @@ from hook.tools.install.layout import (
     tree_version,
 )
 from hook.tools.install.node import DEFAULTS, PKG, PLAIN_PATH, InstallError, Node, say
+from hook.tools.install.nriroute import ROUTES, choose
 from hook.tools.install.state import (
     RECORD,
     leave_pass_throughs,
@@ -103,7 +104,7 @@ def install(node: Node) -> int:
     rec["hooks_file"] = rec["hooks_files"][0]
     write_record(node, rec)
     changed = False
-    if containerd_wanted(node):
+    if containerd_wanted(node) and choose(node, rec):
         changed = register_handlers(node, rec)
     rec["versions"] = prune(node, opts.keep, rec["history"])
     write_record(node, rec)
@@ -126,6 +127,10 @@ def register(node: Node) -> int:
         say("no containerd on this node: nothing to register (hooks.d engines read the packaged file)")
         return 0
     rec = read_record(node)
+    if not choose(node, rec):
+        say("containerd: the NRI route alone; its handlers left as they are; start hook nri "
+            "(systemctl enable --now oci-device-hook-nri, or the NRI DaemonSet)")
+        return 0
     if rec.get("version") and not rec.get("registered_only"):
         raise InstallError(
             opts.state_dir, RECORD, "installed by the installer: `installer install` registers"
@@ -285,6 +290,10 @@ def _parser() -> argparse.ArgumentParser:
                    "the bundled one")
     p.add_argument("--engine", choices=["auto", "hooks.d", "containerd", "all"], default="auto")
     p.add_argument("--mode", choices=["prestart", "precreate"], default="prestart", help="hooks.d stage")
+    p.add_argument("--route", choices=list(ROUTES), default="wrapper", help="containerd: its handlers run "
+                   "the wrapper (default), hook nri alone, or both (docs/operators/nri.md)")
+    p.add_argument("--accept-unadjusted", action="store_true",
+                   help="--route nri where containerd cannot refuse containers without the daemon")
     p.add_argument("--settings", default="", help="settings file to apply when it differs (a ConfigMap)")
     p.add_argument("--restart-engine", action="store_true", help="restart containerd when its config changed")
     p.add_argument("--keep", type=int, default=3, help="versions kept for rollback")
