@@ -454,9 +454,20 @@ ROUTES_NOTES = """
   refused and it decides in-process); *none*: no socket. Switched by renames between samples.
   A warm row's note says when a start was not answered by the decider (from the hook's log
   record, `"decider"`, or the decider's request count where records have no such field).
-- create+start+delete: `create`, `start` and `delete --force` each through the variant's runtime
-  binary (containerd's shim does the same); `runc run`: one command. The CDI device is
-  `nvidia.com/gpu=GPU-a158…` of `examples/node/cdi`, the node the fake `8x-mig` driver root.
+- *floor client* (prestart and wrapper; `bench/floorclient.py`): the decider warm, the route's
+  per-start process replaced by the least one can do and still be decided for: `python3 -ISB`
+  loading only `os`, `sys`, `_socket`, `_blake2` and `_json`; it MACs the request with the node
+  key, checks the answer's MAC and, for the wrapper, writes the decided config (fsync, rename) and
+  execs runc; the prestart one applies nothing. Every start of it is answered by the decider (it
+  exits 1 otherwise). The no-device container asks no one (the fast path): no floor client row.
+- create+start+delete: `create --pid-file`, `start`, a wait for the container's exit, `delete
+  --force`, each through the variant's runtime binary, as containerd's shim does (the bench is
+  the containers' subreaper and reaps the init before delete; without the wait, delete raced the
+  exit). `runc run`: one command. The CDI device is `nvidia.com/gpu=GPU-a158…` of
+  `examples/node/cdi`, the node the fake `8x-mig` driver root.
+- Big nodes: the slice pod on 8x7 MIG, 64 GPUs + 224 MIG and 254 GPUs, prestart and wrapper,
+  each against the same route's 8-GPU row (the seed-000 slice pod on the `8x-mig` node, cgroup v1;
+  its own round-robin, so that ratio spans two).
 - NVIDIA's runtime: `nvidia-container-runtime` v1.20.0 built from its public source, run with a
   `config.toml` named by `NVIDIA_CTK_CONFIG_FILE_PATH`: `mode = "cdi"`, `spec-dirs` = the same
   `examples/node/cdi`, `runtimes` = runc, `debug = "/dev/null"` (`bench/nvidia.py`). Built with
