@@ -123,7 +123,7 @@ def main(work: Path, case: str) -> dict[str, Any]:
     a = _container(work, "a")
     rt = f.FakeRuntime(work / "nri.sock")
     f.start_daemon(work / "nri.sock", settings, sessions=2, sleep=lambda _s: None)
-    if case == "late":  # a started container the daemon never saw: Synchronize lists it
+    if case in ("late", "restart"):  # a started container the daemon never saw: Synchronize lists it
         rt.accept()
         rt.call("Configure", f.configure())
         t0 = time.monotonic()
@@ -134,6 +134,16 @@ def main(work: Path, case: str) -> dict[str, Any]:
         while time.monotonic() - t0 < 10 and not (log.exists() and '"late": true' in log.read_text()):
             time.sleep(0.05)
         result["late_seconds"] = round(time.monotonic() - t0, 3)
+        if case == "restart":  # a new daemon (no memory) on a new socket: a is narrowed already
+            rt.close()
+            rt = f.FakeRuntime(work / "nri2.sock")
+            f.start_daemon(work / "nri2.sock", settings, sessions=1, sleep=lambda _s: None)
+            rt.accept()
+            rt.call("Configure", f.configure())
+            rt.call("Synchronize", sync)
+            rt.reply_register()
+            while time.monotonic() - t0 < 20 and log.read_text().count("\n") < 2:
+                time.sleep(0.05)
     else:
         rt.handshake()
     if case == "narrow":

@@ -88,3 +88,16 @@ def test_management_caps_need_cap_sys_admin_read_from_the_started_process(tmp_pa
         "oci-device-hook: deny: NVIDIA_MIG_CONFIG_DEVICES=all needs CAP_SYS_ADMIN"
     )
     assert out["with"]["start"] == [0, ""]
+
+
+@CGROUPS
+def test_a_restarted_daemon_applies_again_but_counts_no_late_narrowing(tmp_path: Path, cgroup2: bool) -> None:
+    """A new daemon has no memory: Synchronize lists a container its previous run narrowed. It is
+    narrowed again (idempotent: v2 finds its own program, v1's nodes are gone) and its record says
+    ``already_narrowed``, not ``late``, so the late counter counts only what started unnarrowed."""
+    out = drive(tmp_path, "restart", cgroup2)
+    assert out["a"] == NARROWED
+    first, second = out["records"]
+    assert first["late"] is True and "already_narrowed" not in first
+    assert "late" not in second and second["already_narrowed"] is True and second["verdict"] == "apply"
+    assert out["stderr"].count("late: narrowed container") == 1

@@ -179,7 +179,7 @@ class Plugin:
             self.say(f"error: late narrowing of container {c.id[:64]!r} failed: {a.message}")
         else:
             self._remember(self._enforced, c.id, None)
-            if "cgroup_version" in rec:
+            if rec.get("late") is True and "cgroup_version" in rec:
                 self.late_narrowed += 1
                 self.say(f"late: narrowed container {c.id[:64]!r} in {time.monotonic() - t0:.3f}s")
         return True

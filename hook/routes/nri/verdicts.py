@@ -161,6 +161,16 @@ def on_create(pod: Pod, c: Container, ctx: Ctx) -> Answer:
                   narrows=narrows, **_where(c, settings))  # fmt: skip
 
 
+def _found_narrowed(applied: Any, narrowing: Plan) -> bool:
+    """The container was narrowed before (by this daemon's previous run): the v2 program was ours
+    already, or (v1, which cannot be read back) every node to remove was gone. Only the record's
+    label depends on it; the narrowing is applied either way."""
+    changed = applied.program_ids.get("changed")
+    if applied.removed:
+        return False
+    return changed is False if changed is not None else bool(narrowing.remove)
+
+
 def on_start(pod: Pod, c: Container, ctx: Ctx, *, late: bool = False, cut: tuple[Rule, ...] = ()) -> Answer:
     """Check the process, decide again with its capabilities, apply what narrows (module rule)."""
     t0 = time.monotonic()
@@ -209,6 +219,9 @@ def on_start(pod: Pod, c: Container, ctx: Ctx, *, late: bool = False, cut: tuple
             namespaces=checked.namespaces,
         )
         report["duration_ms"] = round((time.monotonic() - t0) * 1000, 3)
+        if late and _found_narrowed(applied, narrowing):
+            del report["late"]  # narrowed before this daemon (it restarted): applied again, not late
+            report["already_narrowed"] = True
         if plan.create:
             report["warnings"] = [
                 *report.get("warnings", ()),
