@@ -130,7 +130,8 @@ def test_a_served_error_is_the_in_process_error(tmp_path: Path, decider: serve.D
 
 def test_decisions_cross_the_wire_unchanged(tmp_path: Path) -> None:
     """A plan with rules and nodes, and a decided config, come back equal (and normalized in-process)."""
-    from hook.core.plan import Node, Plan, Verdict
+    from hook.core.plan import Node, Plan, Verdict, plain
+    from hook.core.record import replace
     from hook.core.rules import Access, DeviceType, Rule
     from hook.routes.decision import LogTo, Spec
 
@@ -157,7 +158,10 @@ def test_decisions_cross_the_wire_unchanged(tmp_path: Path) -> None:
         host_dev=("/dev",),
         container="c1",
     )
-    assert from_wire(to_wire(live)) == live
+    back = from_wire(to_wire(live))
+    assert back == replace(live, plan=plain(plan))  # the plan as plain values: no enum to apply it
+    assert to_wire(back) == to_wire(live)
+    assert back.plan is not None and back.plan.rules[1].v1_line() == plan.rules[1].v1_line() == "c 195:1 rw"
     spec = Spec(code=3, out='{"\u00e9": 1}\n'.encode(), record=None, runtime_log="no")
     assert from_wire(to_wire(spec)) == spec
 

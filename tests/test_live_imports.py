@@ -40,7 +40,7 @@ HOOK_MODULES = {
     "hook.core", "hook.sources", "hook.sources.kubelet", "hook.adapters", "hook.routes",
     "hook.core.kubelet", "hook.core.settings", "hook.sources.privatefile",
     "hook.core.record", "hook.core.rules",
-    "hook.core.oci", "hook.core.plan",
+    "hook.core.oci", "hook.core.plan", "hook.core.plainplan",
     "hook.sources.kubelet.checkpoint", "hook.sources.settingsfile", "hook.core.requests",
     # issue 30: requests split by concern (values, what the engine gave, own asks, the kubelet's word)
     "hook.core.reqtypes", "hook.core.accel", "hook.core.asks", "hook.core.kubeasks",

@@ -8,40 +8,18 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from hook.core.plainplan import Node as Node  # enum-free: the per-start apply step reads it
+from hook.core.plainplan import PlainPlan, PlainRule
 from hook.core.record import field, record
 from hook.core.rules import Rule
 
-__all__ = ["Verdict", "Node", "Plan"]
+__all__ = ["Verdict", "Node", "Plan", "plain"]
 
 
 class Verdict(StrEnum):
     NONE = "none"
     APPLY = "apply"
     DENY = "deny"
-
-
-@record
-class Node:
-    """A device node as seen from inside the container (``path`` is a container path)."""
-
-    path: str
-    type: str  # "c" or "b"
-    major: int
-    minor: int
-    file_mode: int = 0o666
-    uid: int = 0
-    gid: int = 0
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "type": self.type,
-            "major": self.major,
-            "minor": self.minor,
-            "fileMode": self.file_mode,
-            "uid": self.uid,
-            "gid": self.gid,
-        }
 
 
 @record
@@ -57,3 +35,21 @@ class Plan:
     @property
     def changes(self) -> bool:
         return bool(self.rules or self.create or self.remove)
+
+
+def plain(plan: Plan | PlainPlan) -> PlainPlan:
+    """``plan`` as plain values (``hook.core.plainplan``: what crosses the wire and is applied)."""
+    if isinstance(plan, PlainPlan):
+        return plan
+    return PlainPlan(
+        verdict=str(plan.verdict),
+        reason=plan.reason,
+        rules=tuple(
+            PlainRule(allow=r.allow, type=str(r.type), major=r.major, minor=r.minor, access=str(r.access))
+            for r in plan.rules
+        ),
+        create=plan.create,
+        remove=plan.remove,
+        warnings=plan.warnings,
+        denied=plan.denied,
+    )

@@ -100,6 +100,11 @@ class Rule:
             "access": str(self.access),
         }
 
+    @property
+    def bits(self) -> int:
+        """The access bits (what ``hook.core.plainplan.PlainRule.bits`` says for the same rule)."""
+        return self.access.value & 7
+
     def v1_line(self) -> str:
         """The text written to ``devices.allow``/``devices.deny`` (``c 195:* rwm``)."""
         if self.type is DeviceType.ALL and self.major is None and self.minor is None:

@@ -8,8 +8,8 @@ applies (live) or the config to hand the runtime (spec level). It crosses the wi
 (``to_wire``/``from_wire``); the in-process path passes its value through the same JSON form
 (``normalized``), so both paths act on equal values and write equal lines.
 
-Decoding imports only ``hook.routes.fastpath`` (its ``loads``) for a spec-level decision: the
-runtime wrapper's per-start process stays thin. A live decision's plan needs the core's values.
+Decoding imports only ``hook.routes.fastpath`` (its ``loads``) and the plan's plain values
+(``hook.core.plainplan``): a served start loads neither ``enum`` nor the decision core.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 
+    from hook.core.plainplan import PlainPlan
     from hook.core.plan import Plan
 
     D = TypeVar("D", "Live", "Spec")
@@ -46,7 +47,8 @@ class Live:
     cgroups_path: str = ""
     before: str = ""  # stderr before acting
     after: str = ""  # stderr after logging (a deny's line)
-    plan: Plan | None = None  # rules and nodes to apply to the container (None: nothing to apply)
+    # rules and nodes to apply to the container (None: nothing to apply); from the wire, plain values
+    plan: Plan | PlainPlan | None = None
     rootfs: str = ""
     host_dev: tuple[str, ...] = ()
     container: str = ""
@@ -69,7 +71,7 @@ class Spec:
     systemd_path: bool = True  # the config's linux.cgroupsPath may be the systemd driver's form
 
 
-def _plan_doc(plan: Plan) -> dict[str, Any]:
+def _plan_doc(plan: Plan | PlainPlan) -> dict[str, Any]:
     return {
         "verdict": str(plan.verdict),
         "reason": plan.reason,
@@ -81,21 +83,20 @@ def _plan_doc(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _plan(doc: dict[str, Any]) -> Plan:
-    from hook.core.plan import Node, Plan, Verdict
-    from hook.core.rules import Access, DeviceType, Rule
+def _plan(doc: dict[str, Any]) -> PlainPlan:
+    """The plan in plain values (``hook.core.plainplan``): applying it loads no ``enum``."""
+    from hook.core.plainplan import VERDICTS, Node, PlainPlan, PlainRule
 
     def node(d: dict[str, Any]) -> Node:
         return Node(path=d["path"], type=d["type"], major=d["major"], minor=d["minor"],
                     file_mode=d["fileMode"], uid=d["uid"], gid=d["gid"])  # fmt: skip
 
-    return Plan(
-        verdict=Verdict(doc["verdict"]),
+    if doc["verdict"] not in VERDICTS:
+        raise ValueError(f"{doc['verdict']!r} is not a verdict")
+    return PlainPlan(
+        verdict=doc["verdict"],
         reason=doc["reason"],
-        rules=tuple(
-            Rule(allow=a, type=DeviceType(t), major=ma, minor=mi, access=Access.parse(acc))
-            for a, t, ma, mi, acc in doc["rules"]
-        ),
+        rules=tuple(PlainRule.parse(a, t, ma, mi, acc) for a, t, ma, mi, acc in doc["rules"]),
         create=tuple(node(n) for n in doc["create"]),
         remove=tuple(doc["remove"]),
         warnings=tuple(doc["warnings"]),

@@ -38,12 +38,14 @@ def fake_cgroup(tmp_path: Path, listing: str) -> Path:
 
 
 def test_parse_list_reads_wildcards_and_access() -> None:
+    """Plain values (type letter, access bits): the live apply step loads no enum (issue 35)."""
     entries = parse_list("c 195:* rw\nb 8:0 m\na *:* rwm\n", "devices.list")
     assert entries == (
-        ListEntry(DeviceType.CHAR, 195, None, Access.R | Access.W),
-        ListEntry(DeviceType.BLOCK, 8, 0, Access.M),
-        ListEntry(DeviceType.ALL, None, None, Access.RWM),
+        ListEntry("c", 195, None, (Access.R | Access.W).value),
+        ListEntry("b", 8, 0, Access.M.value),
+        ListEntry("a", None, None, Access.RWM.value),
     )
+    assert [str(e.type) for e in entries] == [DeviceType.CHAR, DeviceType.BLOCK, DeviceType.ALL]
 
 
 def test_parse_list_bad_line_names_file_and_line() -> None:

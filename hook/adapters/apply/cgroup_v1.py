@@ -4,6 +4,9 @@ Rule: one rule per ``write(2)`` (the kernel parses exactly one rule per write), 
 list is saved before the first write, and after the last write ``devices.list`` is re-read and
 every rule's effect is checked there; a rule the kernel silently ignored (a deny inside an
 allowed wildcard, the hole v1 cannot punch) is an ``ApplyError``, so the caller rolls back.
+Rules are read by their plain facts (type letter, numbers, access bits, ``v1_line``), so the core's
+``Rule`` and the wire's ``PlainRule`` (``hook.core.plainplan``) are written alike, and a served
+start that applies a plan loads no ``enum``; ``devices.list`` is parsed into plain values too.
 
 Kernel facts this relies on (security/device_cgroup.c): with default-allow behaviour
 ``devices.list`` shows only ``a *:* rwm`` and hides the deny exceptions, so deny rules there
@@ -17,13 +20,18 @@ from __future__ import annotations
 import os
 
 from hook.core.errors import ApplyError
+from hook.core.plainplan import access_bits
 from hook.core.record import record
-from hook.core.rules import Access, DeviceType, Rule
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from os import PathLike
+
+    from hook.core.plainplan import PlainRule
+    from hook.core.rules import Access, DeviceType, Rule
+
+    AnyRule = Rule | PlainRule
 
 __all__ = ["AppliedV1", "CgroupV1", "ListEntry", "check_effect", "parse_list"]
 
@@ -32,26 +40,31 @@ ALLOW_ALL_LINE = "a *:* rwm"
 
 @record(kw_only=False)
 class ListEntry:
-    """One ``devices.list`` line; ``None`` is ``*``."""
+    """One ``devices.list`` line; ``None`` is ``*``. ``parse_list`` gives the type as its letter and
+    the access as its bits; ``DeviceType``/``Access`` values are read the same way."""
 
-    type: DeviceType
+    type: DeviceType | str
     major: int | None
     minor: int | None
-    access: Access
+    access: Access | int
 
-    def covers(self, rule: Rule) -> bool:
+    def covers(self, rule: AnyRule) -> bool:
         """Every device the rule names is matched by this entry (type, major, minor)."""
         return (
-            self.type in (DeviceType.ALL, rule.type)
+            str(self.type) in (_ALL, str(rule.type))
             and self.major in (None, rule.major)
             and self.minor in (None, rule.minor)
         )
 
-    def overlaps(self, rule: Rule) -> bool:
+    def overlaps(self, rule: AnyRule) -> bool:
         """Some device the rule names is matched by this entry."""
-        return (DeviceType.ALL in (self.type, rule.type) or self.type == rule.type) and all(
+        return (_ALL in (str(self.type), str(rule.type)) or str(self.type) == str(rule.type)) and all(
             a is None or b is None or a == b for a, b in ((self.major, rule.major), (self.minor, rule.minor))
         )
+
+
+def _bits(access: Access | int) -> int:
+    return access if isinstance(access, int) else access.value
 
 
 def _num(text: str) -> int | None:
@@ -59,7 +72,7 @@ def _num(text: str) -> int | None:
 
 
 def parse_list(text: str, source: str) -> tuple[ListEntry, ...]:
-    """Parse ``devices.list`` text (``c 195:* rwm`` per line)."""
+    """Parse ``devices.list`` text (``c 195:* rw`` per line)."""
     entries = []
     for no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -67,17 +80,19 @@ def parse_list(text: str, source: str) -> tuple[ListEntry, ...]:
         try:
             kind, numbers, acc = line.split()
             major, minor = numbers.split(":")
-            entries.append(ListEntry(DeviceType(kind), _num(major), _num(minor), Access.parse(acc)))
+            if kind not in ("a", "c", "b"):
+                raise ValueError(f"{kind!r} is not a valid DeviceType")
+            entries.append(ListEntry(kind, _num(major), _num(minor), access_bits(acc)))
         except ValueError as exc:
             raise ApplyError(source, f"line {no}", f"cannot parse {line!r}: {exc}") from exc
     return tuple(entries)
 
 
-_ALL = DeviceType.ALL
-_Key = tuple[DeviceType, int | None, int | None]
+_ALL = "a"
+_Key = tuple[str, int | None, int | None]
 
 
-def _wider(type: DeviceType, major: int | None, minor: int | None) -> set[_Key]:
+def _wider(type: str, major: int | None, minor: int | None) -> set[_Key]:
     """Every (type, major, minor) key that names all the devices this one names (itself included)."""
     return {(t, a, b) for t in (_ALL, type) for a in (None, major) for b in (None, minor)}
 
@@ -99,17 +114,18 @@ class _OverlapIndex:
         if table is None:
             table = {}
             for e in self.entries:
-                t, a, b = e.type, e.major, e.minor
+                t, a, b = str(e.type), e.major, e.minor
                 key = (t if mask & 1 else ..., a if mask & 2 else ..., b if mask & 4 else ...)
-                table[key] = table.get(key, 0) | e.access.value
+                table[key] = table.get(key, 0) | _bits(e.access)
             self.by_mask[mask] = table
         return table
 
-    def bits(self, rule: Rule) -> int:
+    def bits(self, rule: AnyRule) -> int:
         """OR of the access bits of every entry that overlaps some device the rule names."""
-        named = (rule.type != _ALL, rule.major is not None, rule.minor is not None)
+        kind = str(rule.type)
+        named = (kind != _ALL, rule.major is not None, rule.minor is not None)
         table = self.table(named[0] | named[1] << 1 | named[2] << 2)
-        types = (rule.type, _ALL) if named[0] else (...,)
+        types = (kind, _ALL) if named[0] else (...,)
         majors = (rule.major, None) if named[1] else (...,)
         minors = (rule.minor, None) if named[2] else (...,)
         bits = 0
@@ -120,7 +136,7 @@ class _OverlapIndex:
         return bits
 
 
-def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[str]:
+def check_effect(entries: Sequence[ListEntry], rules: Sequence[AnyRule]) -> list[str]:
     """Rules whose effect is not visible in ``entries`` (a default-deny list), as v1 lines.
 
     An allow needs one entry covering all its devices and bits; a deny needs no entry that
@@ -132,22 +148,22 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[Rule]) -> list[st
     and a rule looks up only the at most eight keys that can cover or overlap it.
     """
     allow_all = any(
-        e.type == _ALL and e.major is None and e.minor is None and e.access == Access.RWM for e in entries
+        str(e.type) == _ALL and e.major is None and e.minor is None and _bits(e.access) == 7 for e in entries
     )
     exact: dict[_Key, list[int]] = {}
     for e in entries:
-        exact.setdefault((e.type, e.major, e.minor), []).append(e.access.value)
+        exact.setdefault((str(e.type), e.major, e.minor), []).append(_bits(e.access))
     overlap = _OverlapIndex(entries)
     later: dict[_Key, int] = {}  # bits named by rules after the current one, by exact key
     failed = []
     for rule in reversed(rules):
-        key = (rule.type, rule.major, rule.minor)
+        key = (str(rule.type), rule.major, rule.minor)
         wider = _wider(*key)
         redecided = 0
         for k in wider:
             redecided |= later.get(k, 0)
-        acc = rule.access.value & ~redecided
-        later[key] = later.get(key, 0) | rule.access.value
+        acc = rule.bits & ~redecided
+        later[key] = later.get(key, 0) | rule.bits
         if not acc:
             continue
         if allow_all:
@@ -177,7 +193,7 @@ class CgroupV1:
     def __init__(self, path: str | PathLike[str]) -> None:
         self.path = os.fspath(path)  # str: pathlib would cost every applied start re and more
         self._saved: tuple[str, ...] | None = None
-        self._rules: tuple[Rule, ...] = ()
+        self._rules: tuple[AnyRule, ...] = ()
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -203,7 +219,7 @@ class CgroupV1:
         except OSError as exc:
             raise ApplyError(target, f"write {line}", exc.strerror or str(exc)) from exc
 
-    def apply(self, rules: Iterable[Rule]) -> AppliedV1:
+    def apply(self, rules: Iterable[AnyRule]) -> AppliedV1:
         """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect."""
         rules = tuple(rules)
         before = self.read_list()

@@ -31,7 +31,11 @@ from hook.adapters.apply import bpf, bpf_sys
 from hook.adapters.apply.bpf_sys import BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE
 from hook.core.errors import ApplyError
 from hook.core.record import record
-from hook.core.rules import Rule
+from hook.core.rules import Access, DeviceType, Rule
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from hook.core.plainplan import PlainRule
 
 __all__ = ["AppliedV2", "CgroupV2"]
 
@@ -135,8 +139,10 @@ class CgroupV2:
             pairs.append((old, self._load(prog)))
         return pairs
 
-    def apply(self, rules: Sequence[Rule]) -> AppliedV2:
-        """Make the cgroup's device filter "original, then ``rules``" (OCI order); verify; undo on failure."""
+    def apply(self, given: Sequence[Rule | PlainRule]) -> AppliedV2:
+        """Make the cgroup's device filter "original, then ``rules``" (OCI order); verify; undo on failure.
+        The wire's plain rules (``hook.core.plainplan``) are read back into ``Rule`` for the builder."""
+        rules = [_as_rule(r) for r in given]
         cg = self._cgroup_fd()
         before = bpf_sys.query_device_programs(cg)
         if not rules:
@@ -203,3 +209,10 @@ class CgroupV2:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _as_rule(rule: Rule | PlainRule) -> Rule:
+    if isinstance(rule, Rule):
+        return rule
+    kind, access = DeviceType(rule.type), Access.parse(rule.access)
+    return Rule(allow=rule.allow, type=kind, major=rule.major, minor=rule.minor, access=access)

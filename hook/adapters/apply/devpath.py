@@ -16,10 +16,13 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Sequence
 
 from hook.core.errors import ApplyError
 from hook.core.record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "Change",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from os import PathLike
     from typing import Any, Protocol
 
+    from hook.core.plainplan import PlainPlan, PlainRule
     from hook.core.plan import Plan
     from hook.core.rules import Rule
 else:
@@ -32,7 +33,7 @@ __all__ = ["AppliedInfo", "DeviceCgroup", "apply_plan", "cgroup_adapter"]
 class DeviceCgroup(Protocol):
     """What both cgroup writers offer (``CgroupV1``, ``cgroup_v2.CgroupV2``)."""
 
-    def apply(self, rules: tuple[Rule, ...]) -> Any: ...
+    def apply(self, rules: tuple[Rule | PlainRule, ...]) -> Any: ...
 
     def rollback(self) -> None: ...
 
@@ -96,7 +97,7 @@ def _fail(
 
 
 def apply_plan(
-    plan: Plan,
+    plan: Plan | PlainPlan,
     pid: int,
     *,
     proc: str | PathLike[str] = "/proc",
@@ -104,7 +105,8 @@ def apply_plan(
     target: locate.CgroupTarget | None = None,
     host_dev: Sequence[str] = ("/dev",),
 ) -> AppliedInfo:
-    """Apply ``plan`` to the container whose init is ``pid``; all or nothing.
+    """Apply ``plan`` to the container whose init is ``pid``; all or nothing. The decision core's
+    ``Plan`` and the wire's ``PlainPlan`` (what a decision carries, ``hook.routes.decision``) apply alike.
 
     ``rootfs`` is the bundle's root path on the host (needed before pivot_root, i.e. for runc
     prestart/createRuntime hooks; see ``devnodes``). ``target`` is the cgroup already located

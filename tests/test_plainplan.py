@@ -1,0 +1,92 @@
+"""Issue 35 item 1: a served decision's plan is applied from plain values (``hook.core.plainplan``),
+with no ``enum``; every one of them must read, print and apply exactly as the core's ``Rule`` and
+``Plan`` it came from.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from hook.adapters.apply.cgroup_v1 import ListEntry, check_effect, parse_list
+from hook.core.plainplan import PlainRule, access_bits, access_text
+from hook.core.plan import Node, Plan, Verdict, plain
+from hook.core.rules import Access, DeviceType, Rule
+from hook.routes.decision import Live, from_wire, to_wire
+
+NUMBERS = (None, 0, 3, 195, -1)
+
+
+def every_rule() -> list[Rule]:
+    return [
+        Rule(allow=allow, type=kind, major=major, minor=minor, access=Access(bits))
+        for allow, kind, major, minor, bits in itertools.product(
+            (True, False), DeviceType, NUMBERS, NUMBERS, range(8)
+        )
+    ]
+
+
+def test_a_plain_rule_prints_and_reads_as_the_core_rule() -> None:
+    rules = every_rule()
+    plans = plain(Plan(verdict=Verdict.APPLY, reason="r", rules=tuple(rules))).rules
+    for rule, p in zip(rules, plans, strict=True):
+        assert (p.allow, p.type, p.major, p.minor) == (rule.allow, str(rule.type), rule.major, rule.minor)
+        assert p.v1_line() == rule.v1_line(), rule
+        assert p.bits == rule.bits == rule.access.value
+        assert PlainRule.parse(*rule.to_json().values()) == p  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["", "r", "w", "m", "rw", "wr", "mwr", "rwm", "mm", "rrw"])
+def test_access_reads_as_access_parse(text: str) -> None:
+    assert access_bits(text) == Access.parse(text).value
+    assert access_text(access_bits(text)) == str(Access.parse(text))
+
+
+@pytest.mark.parametrize(("kind", "access"), [("x", "rw"), ("C", "rw"), ("c", "rx"), ("c", "R"), ("", "r")])
+def test_what_the_core_refuses_the_plain_form_refuses(kind: str, access: str) -> None:
+    with pytest.raises(ValueError):
+        DeviceType(kind) if kind not in ("a", "c", "b") else Access.parse(access)  # the core's reading
+    with pytest.raises(ValueError):
+        PlainRule.parse(True, kind, 195, 0, access)
+
+
+def test_a_served_answer_with_an_unknown_verdict_type_or_access_is_unreadable() -> None:
+    """As before: such an answer is a fallback ("an answer this hook cannot read"), never applied."""
+    plan = Plan(verdict=Verdict.APPLY, reason="r", rules=(Rule(allow=True, type=DeviceType.CHAR, major=1),))
+    good = to_wire(Live(code=0, plan=plan))
+    for old, new in ((b'"apply"', b'"allow"'), (b'"c", 1', b'"x", 1'), (b'"rwm"]', b'"rwz"]')):
+        assert old in good
+        with pytest.raises(ValueError):
+            from_wire(good.replace(old, new))
+
+
+def test_a_plain_plan_is_checked_on_devices_list_as_the_core_plan() -> None:
+    """cgroup v1's read-back check says the same for the plain rules as for the core's, on random
+    lists (the v2 writer turns plain rules back into ``Rule`` before it builds its program)."""
+    rng = random.Random(35)
+    types, numbers = ("a", "c", "b"), (None, 0, 1, 195)
+    for _ in range(300):
+        rules = [
+            Rule(allow=rng.random() < 0.5, type=DeviceType(rng.choice(types)), major=rng.choice(numbers),
+                 minor=rng.choice(numbers), access=Access(rng.randint(1, 7)))
+            for _ in range(rng.randint(0, 8))
+        ]  # fmt: skip
+        listing = "\n".join(
+            f"{rng.choice(types)} {rng.choice(('*', '0', '1', '195'))}:{rng.choice(('*', '0', '1'))} "
+            f"{access_text(rng.randint(1, 7))}"
+            for _ in range(rng.randint(0, 6))
+        )
+        entries = parse_list(listing, "l")
+        enum_entries = [ListEntry(DeviceType(e.type), e.major, e.minor, Access(e.access)) for e in entries]
+        plain_rules = plain(Plan(verdict=Verdict.APPLY, reason="", rules=tuple(rules))).rules
+        expected = check_effect(enum_entries, rules)
+        assert check_effect(entries, plain_rules) == check_effect(entries, rules) == expected
+
+
+def test_nodes_are_the_core_nodes() -> None:
+    node = Node(path="/dev/nvidia1", type="c", major=195, minor=1, file_mode=0o640, uid=1, gid=2)
+    plan = Plan(verdict=Verdict.APPLY, reason="r", create=(node,), remove=("/dev/nvidia0",))
+    assert plain(plan).create == (node,) and plain(plan).remove == ("/dev/nvidia0",)
+    assert plain(plan).changes and not plain(Plan(verdict=Verdict.NONE, reason="")).changes
