@@ -237,6 +237,20 @@ def crio_doc(host_root: Path) -> dict[str, Any]:
     return doc
 
 
+def running_binary(proc: Path, config: Path | None) -> str | None:
+    """The binary of the running containerd that serves ``config`` (``/proc/<pid>/exe``): the one
+    whose defaults and NRI module are in force, whichever ``containerd`` is first on the path."""
+    from hook.tools import ctdprocess
+
+    if config is None:
+        return None
+    for src in ctdprocess.running(proc):
+        exe = proc / src.where.removeprefix("pid ") / "exe"
+        if os.path.realpath(src.config) == os.path.realpath(config) and os.access(exe, os.X_OK):
+            return str(exe)
+    return None
+
+
 def nri_checks(
     host_root: Path,
     proc: Path,
@@ -259,7 +273,7 @@ def nri_checks(
     daemons = daemon_pids(proc)
     out: list[Check] = []
     on_nri = False
-    binary = containerd_binary()
+    binary = running_binary(proc, containerd_config) or containerd_binary()
     if containerd_config is not None and containerd_config.exists():
         version = version_of(_run([binary, "--version"])) if binary else ()
         view = containerd_view(containerd_doc(binary, containerd_config), version)
