@@ -19,6 +19,7 @@ Rule: the two halves split by who acts.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,7 @@ def _found_narrowed(applied: Any, narrowing: Plan) -> bool:
     already, or (v1, which cannot be read back) every node to remove was gone. Only the record's
     label depends on it; the narrowing is applied either way."""
     changed = applied.program_ids.get("changed")
-    if applied.removed:
+    if applied.removed or applied.skipped:
         return False
     return changed is False if changed is not None else bool(narrowing.remove)
 
@@ -232,6 +233,4 @@ def on_start(pod: Pod, c: Container, ctx: Ctx, *, late: bool = False, cut: tuple
         return _error(exc, c, settings, ctx, stage, **extra)
     finally:
         if checked is not None:
-            import os
-
             os.close(checked.pidfd)
