@@ -10,10 +10,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from collections.abc import Sequence
 
 from hook.core.errors import ApplyError
 from hook.core.record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "BPF_F_ALLOW_MULTI",

@@ -25,7 +25,6 @@ import errno
 import os
 import resource
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from hook.adapters.apply import bpf, bpf_sys
 from hook.adapters.apply.bpf_sys import BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE
@@ -35,6 +34,8 @@ from hook.core.rules import Access, DeviceType, Rule
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from os import PathLike
+
     from hook.core.plainplan import PlainRule
 
 __all__ = ["AppliedV2", "CgroupV2"]
@@ -44,7 +45,7 @@ __all__ = ["AppliedV2", "CgroupV2"]
 class AppliedV2:
     """What ``apply`` did: attached ids before and after, and whether anything changed."""
 
-    path: Path
+    path: str
     old_ids: tuple[int, ...]
     new_ids: tuple[int, ...]
     changed: bool
@@ -100,8 +101,8 @@ def _raise_memlock() -> None:
 class CgroupV2:
     """One cgroup v2 directory; ``apply`` then either ``rollback`` or ``close``."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: str | PathLike[str]) -> None:
+        self.path = os.fspath(path)  # str: pathlib would cost every applied start re and more
         self._fd: int | None = None
         self._swaps: list[_Swap] = []
         self._open: list[int] = []  # every bpf fd we hold, closed by close()
@@ -111,7 +112,7 @@ class CgroupV2:
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError as exc:
-                raise ApplyError(str(self.path), "", f"cannot open the cgroup: {exc.strerror}") from exc
+                raise ApplyError(self.path, "", f"cannot open the cgroup: {exc.strerror}") from exc
         return self._fd
 
     def _hold(self, fd: int) -> int:
@@ -135,7 +136,7 @@ class CgroupV2:
             try:
                 prog = bpf.build_program(rules, original, default_allow=False)
             except ValueError as exc:
-                raise ApplyError(str(self.path), f"bpf program id {prog_id}", str(exc)) from exc
+                raise ApplyError(self.path, f"bpf program id {prog_id}", str(exc)) from exc
             pairs.append((old, self._load(prog)))
         return pairs
 
@@ -172,7 +173,7 @@ class CgroupV2:
         after = bpf_sys.query_device_programs(self._cgroup_fd()).ids
         if set(after) != expected or len(after) != len(expected):
             raise ApplyError(
-                str(self.path),
+                self.path,
                 "BPF_CGROUP_DEVICE",
                 f"attached ids {sorted(after)}, expected {sorted(expected)}",
             )
@@ -200,7 +201,7 @@ class CgroupV2:
         self._swaps.clear()
         self.close()
         if errors:
-            raise ApplyError(str(self.path), "rollback", "; ".join(errors))
+            raise ApplyError(self.path, "rollback", "; ".join(errors))
 
     def close(self) -> None:
         """Release the fds; attached programs stay attached (the cgroup holds them)."""

@@ -53,11 +53,9 @@ class AppliedInfo:
 def cgroup_adapter(target: locate.CgroupTarget) -> DeviceCgroup:
     """The writer for the located cgroup; v2 is imported only when needed (it loads ctypes bpf)."""
     if target.version == 2:
-        from pathlib import Path
-
         from hook.adapters.apply.cgroup_v2 import CgroupV2
 
-        return CgroupV2(Path(target.path))
+        return CgroupV2(target.path)
     return CgroupV1(target.path)
 
 
