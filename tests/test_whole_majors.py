@@ -155,3 +155,19 @@ def test_an_unprivileged_wildcard_allow_of_a_class_it_was_not_given_is_closed(
     assert ("c", SPEC.nvidia_major, GPUS[0].minor) in {
         (r["type"], r["major"], r["minor"]) for r in rep["cgroup"] if not r["allow"]
     }
+
+
+def test_a_gpu_whose_node_the_host_has_not_made_is_denied_too(tmp_path: Path, capsys: Any) -> None:
+    """nvidia-modprobe makes ``/dev/nvidia<N>`` on demand: a GPU the driver lists without a host
+    node was left open on the kept ``nvidia`` major, and a privileged pod could make its node."""
+    base = tmp_path / "node"
+    make_host_tree(base / "root", "4x-k8s", mknod=True)
+    absent = GPUS[0].minor  # NVML index 0 is /dev/nvidia2 on this node
+    (base / "root" / f"dev/nvidia{absent}").unlink()
+    node = {"root": base / "root", "cdi": write_cdi(base / "cdi")}
+    cfg = pod_config(rules=ALLOW_ALL, devices=[*(gpu_dev(i) for i in GPUS if i != 0), *control_devs()])
+    rep = run(tmp_path, node, cfg, capsys, ckpt=allocation())
+    assert rep["verdict"] == "apply", rep["reason"]
+    assert not opens(cfg, rep, SPEC.nvidia_major, absent), rep["cgroup"]
+    assert f"/dev/nvidia{absent}" in rep["denied"]
+    assert opens(cfg, rep, SPEC.nvidia_major, GPUS[2].minor)

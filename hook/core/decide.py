@@ -90,7 +90,11 @@ def container_facts(inputs: Inputs) -> Facts:
             found.setdefault(_key(n), n)
     if inputs.requests.bounded and not privileged:  # also what linux.resources.devices allows
         own = Verdicts(config.resource_rules)
-        for n in (*inputs.host_accelerators, *(c.node for c in inputs.classes.nodes)):
+        for n in (
+            *inputs.host_accelerators,
+            *(c.node for c in inputs.classes.nodes),
+            *inputs.classes.gpu_nodes(),
+        ):
             if within.narrowed(n) and _rules_open(own, n):
                 found.setdefault(_key(n), n)
     extra = tuple(found.values())
@@ -183,6 +187,7 @@ def _narrowing(inputs: Inputs, within: Scope, privileged: bool) -> tuple[list[Ru
         *inputs.host_accelerators,
         *(c.node for c in inputs.classes.nodes),
         *_config_nodes(inputs.config),
+        *inputs.classes.gpu_nodes(),  # a GPU the driver lists whose node the host has not made
     ]
     rules_now = Verdicts(inputs.config.resource_rules)
     whole = {

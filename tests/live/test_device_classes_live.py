@@ -207,13 +207,17 @@ def test_a_narrowed_privileged_container_cannot_make_a_node_of_a_class_it_was_no
     bundle_dir: Path, tmp_path: Path, cgroup2: bool
 ) -> None:
     """The ``8x`` node's /proc/devices names drm, nvidia-caps-imex-channels and nvidia-nvlink, and
-    its /dev has no node of them: a narrowed privileged slice pod used to keep ``c 226:*``,
-    ``c 234:*`` and ``c 236:*`` through its allow-all, and with CAP_MKNOD made such a node and
-    opened it (ENXIO: allowed). Now each is EPERM; its own card and the control node still open."""
+    its /dev has no node of them (nor of GPU 5, which the driver lists): a narrowed privileged
+    slice pod used to keep ``c 226:*``, ``c 234:*``, ``c 236:*`` and ``c 195:5`` through its
+    allow-all, and with CAP_MKNOD made such a node and opened it (ENXIO: allowed). Now each is
+    EPERM; its own card and the control node still open."""
     from tests.hosttree import CAPS_MAJOR, IMEX_MAJOR, NVIDIA_MAJOR, TOPOLOGIES, UVM_MAJOR
 
     mine = TOPOLOGIES["8x"].gpus[SLICE_INDEX]
+    node = _node(tmp_path, "8x")
+    (node["root"] / "dev/nvidia5").unlink()  # nvidia-modprobe has not made it yet: the driver lists it
     mknods = {
+        "gpu5": (NVIDIA_MAJOR, 5),  # another GPU, no node on the host
         "drm-card1": (DRM_MAJOR, 1),  # DRM: no node on the host, no GPU of this pod's
         "drm-render128": (DRM_MAJOR, 128),
         "imex5": (IMEX_MAJOR, 5),  # an IMEX channel it did not ask for
@@ -223,12 +227,12 @@ def test_a_narrowed_privileged_container_cannot_make_a_node_of_a_class_it_was_no
         "ctl": (NVIDIA_MAJOR, 255),
         "uvm": (UVM_MAJOR, 0),
     }
-    b = _slice_pod(bundle_dir, _node(tmp_path, "8x"), _script([], mknods), mine.uuid)
+    b = _slice_pod(bundle_dir, node, _script([], mknods), mine.uuid)
     res = run_container(b, cgroup2=cgroup2)
     assert res.rc == 0, res.stderr
     seen = parse_probe(res.stdout)
     made = {f"/tmp/mk-{n}" for n in mknods}
-    denied = {f"/tmp/mk-{n}" for n in ("drm-card1", "drm-render128", "imex5", "nvlink", "cap-77")}
+    denied = {f"/tmp/mk-{n}" for n in ("gpu5", "drm-card1", "drm-render128", "imex5", "nvlink", "cap-77")}
     assert {p: _mknod_results(res.stdout)[p] for p in denied} == dict.fromkeys(denied, "EPERM"), res.stdout
     # mknod refused: nothing to open (a node made anyway would be EPERM too: the rule is rwm)
     assert {seen[p] for p in denied} <= {"ENOENT", "EPERM"}, seen

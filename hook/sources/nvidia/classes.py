@@ -3,7 +3,8 @@
 Rule: everything comes from the driver root: ``proc/devices`` (class majors), ``sys/class/drm/*``
 (each DRM node's ``dev`` numbers and the PCI address its ``device`` link names: read with
 ``readlink``, never followed), ``proc/driver/nvidia/gpus/<pci>/information`` (which PCI addresses
-are NVIDIA GPUs, and their minors), ``proc/driver/nvidia-caps/{nvlink,sys}-minors`` (the fabric
+are NVIDIA GPUs, and their minors: every GPU the driver lists, node or not, unless an inventory
+already holds them), ``proc/driver/nvidia-caps/{nvlink,sys}-minors`` (the fabric
 capabilities) and the char nodes of ``dev/`` and its class directories (lstat). Anything unreadable is simply
 not found: an unattributed DRM node is then left to the ``accelerator_nodes`` globs (denied by
 default), so a gap narrows, never frees. Read only for a container that may be narrowed.
@@ -32,6 +33,7 @@ __all__ = ["host_classes", "read_classes"]
 _FABRIC_FILES: Final = ("proc/driver/nvidia-caps/nvlink-minors", "proc/driver/nvidia-caps/sys-minors")
 _MAX: Final = 1 << 16  # these files are a few lines; more is not the driver's
 _NODE_DIRS: Final = ("", "dri", "nvidia-caps", "nvidia-caps-imex-channels")
+_MAX_GPUS: Final = 256  # the nvidia region's minors: more entries are not the driver's
 
 
 def _read(root: Path, rel: str) -> str:
@@ -50,6 +52,16 @@ def _gpu_minor(root: Path, bus: str) -> int | None:
         if name.strip() == "Device Minor" and value.strip().isdigit():
             return int(value.strip())
     return None
+
+
+def _driver_gpus(root: Path) -> dict[str, int | None]:
+    """PCI address -> device minor of every GPU the driver lists (``proc/driver/nvidia/gpus``):
+    a GPU whose ``/dev`` node the host has not made yet is one a privileged container could make."""
+    try:
+        buses = sorted(os.listdir(os.path.join(root, "proc/driver/nvidia/gpus")))[:_MAX_GPUS]
+    except OSError:
+        return {}
+    return {bus: _gpu_minor(root, bus) for bus in buses}
 
 
 def _fabric(root: Path) -> frozenset[int]:
@@ -106,7 +118,7 @@ def read_classes(
         return HostClasses()
     drm: dict[Key, int] = {}
     foreign: set[Key] = set()
-    minors: dict[str, int | None] = dict(gpus or {})
+    minors: dict[str, int | None] = dict(gpus) if gpus is not None else _driver_gpus(root)
     for key, (bus, name) in drm_devices(root).items():
         if bus not in minors:
             minors[bus] = None if gpus is not None else _gpu_minor(root, bus)
@@ -116,7 +128,12 @@ def read_classes(
         elif (vendor := pci_vendor(root, name)) and vendor != NVIDIA_PCI_VENDOR:
             foreign.add(key)  # another vendor's device, by its own PCI id
     shell = HostClasses(
-        majors=majors, drm=drm, fabric=_fabric(root), drm_major=drm_major, foreign=frozenset(foreign)
+        majors=majors,
+        drm=drm,
+        fabric=_fabric(root),
+        drm_major=drm_major,
+        foreign=frozenset(foreign),
+        gpu_minors=frozenset(m for m in minors.values() if m is not None),
     )
     nodes = _class_nodes(root, shell, skip)
     nodes.sort(key=lambda n: (n.node.major, n.node.minor, n.node.path))
