@@ -7,6 +7,7 @@ each bundle's config.json has the shape its engine writes (research/device-plugi
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import tempfile
@@ -237,6 +238,34 @@ def k8s_bundles() -> dict[str, dict[str, object]]:
     }
 
 
+def _pb(number: int, data: bytes) -> bytes:
+    """One length-delimited protobuf field (the lengths here are all under 128)."""
+    return bytes([number << 3 | 2, len(data)]) + data
+
+
+def _mount_entry(pod_uid: str, container: str, uuid: str) -> dict[str, object]:
+    """A checkpoint entry for one GPU through the volume-mounts strategy: the AllocateResponse
+    (deviceplugin v1beta1) holds one Mount{container_path=1, host_path=2, read_only=3}."""
+    mount = _pb(1, f"/var/run/nvidia-container-devices/{uuid}".encode()) + _pb(2, b"/dev/null") + b"\x18\x01"
+    return {"PodUID": pod_uid, "ContainerName": container, "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": {"0": [uuid]}, "AllocResp": base64.b64encode(_pb(2, mount)).decode()}  # fmt: skip
+
+
+def k8s_checkpoints() -> dict[str, bytes]:
+    """Each Kubernetes example's kubelet device-plugin checkpoint, as the kubelet writes it, so the
+    examples do not depend on the simulating machine's /var/lib/kubelet (hook --kubelet-checkpoint):
+    k8s-image-env's lists another pod's GPU 3 and nothing of pod ml/train-0; k8s-allocated's lists
+    GPU 2 for its container cuda with the plugin's /dev/null mount."""
+    other = _mount_entry("8e1f0a3b-2c4d-4e5f-9a6b-7c8d9e0f1a2b", "other", "GPU-3")
+    mine = _mount_entry(K8S_POD["io.kubernetes.cri.sandbox-uid"], "cuda", GPU2_UUID)
+
+    def encode(entries: list[dict[str, object]]) -> bytes:
+        data = {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 1}
+        return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+    return {"k8s-image-env": encode([other]), "k8s-allocated": encode([other, mine])}
+
+
 DRA_CLAIM_UID = "9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b"
 DRA_POD = {  # containerd's CRI annotations for pod ml/infer-0 (its claim: GPU 2), container server
     "io.kubernetes.cri.sandbox-id": "3a9c" * 16,
@@ -337,6 +366,10 @@ def main() -> None:
         write(HERE / name / "config.json", cfg)
         (HERE / name / "rootfs").mkdir(exist_ok=True)
         (HERE / name / "rootfs" / ".keep").touch()
+    for name, data in k8s_checkpoints().items():  # the kubelet root of each pod's node (README)
+        plugins = HERE / name / "kubelet" / "device-plugins"
+        plugins.mkdir(parents=True, exist_ok=True)
+        (plugins / "kubelet_internal_checkpoint").write_bytes(data)
     dra = HERE / "dra-claim-privileged"
     write(dra / "cdi" / f"k8s.gpu.nvidia.com-claim_{DRA_CLAIM_UID}.yaml", dra_claim_spec())
     (dra / "kubelet").mkdir(exist_ok=True)

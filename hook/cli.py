@@ -108,9 +108,8 @@ def _finish(text: str, code: int) -> None:
 @click.option("--bundle", type=click.Path(path_type=Path, file_okay=False), help="simulate for this bundle")
 @click.option("--state", "state_file", type=PathArg, help="OCI state file (default: made from the bundle)")
 @click.option("--output-config", type=PathArg, help="write the config.json with the decision folded in")
-@click.option(
-    "--kubelet-dra-state", "dra_state", type=PathArg, help="the kubelet's DRA state to read (simulation)"
-)
+@click.option("--kubelet-checkpoint", "checkpoint", type=PathArg, help="kubelet checkpoint (simulation)")
+@click.option("--kubelet-dra-state", "dra_state", type=PathArg, help="the kubelet's DRA state (simulation)")
 @click.option(
     "--version",
     is_flag=True,
@@ -126,6 +125,7 @@ def cli(
     bundle: Path | None,
     state_file: Path | None,
     output_config: Path | None,
+    checkpoint: Path | None,
     dra_state: Path | None,
     **common: Any,
 ) -> None:
@@ -135,7 +135,7 @@ def cli(
         return
     if bundle is None:
         raise click.UsageError("simulation needs --bundle DIR (live mode reads the OCI state on stdin)")
-    _simulate(ctx.obj, bundle, state_file, output_config, dra_state)
+    _simulate(ctx.obj, bundle, state_file, output_config, dra_state, checkpoint)
 
 
 def _simulate(
@@ -144,13 +144,12 @@ def _simulate(
     state_file: Path | None,
     output_config: Path | None,
     dra_state: Path | None = None,
+    checkpoint: Path | None = None,
 ) -> None:
     from hook.core.record import replace
     from hook.tools.simulate import simulate
 
-    opts = _options(o, use_cache=False, resolve=False)
-    if dra_state is not None:
-        opts = replace(opts, dra_state=dra_state)
+    opts = replace(_options(o, use_cache=False, resolve=False), dra_state=dra_state, checkpoint=checkpoint)
     resolved = partial(_options, o, use_cache=False)
     _finish(*simulate(opts, bundle, state_file, output_config, o.get("fmt") or "text", resolved))
 

@@ -108,3 +108,16 @@ def test_the_symptom_table_runs_commands_that_exist() -> None:
     for command in commands:
         res = CliRunner().invoke(cli, [command, "--help"])
         assert res.exit_code == 0, (command, res.output)
+
+
+def test_the_readme_says_what_ci_run_installs_and_starts() -> None:
+    """Issue 37 item 7: ./.ci/run apt-installs, and on systemd hosts starts, containerd; the README
+    says so plainly, naming every package the script installs."""
+    script = (REPO / ".ci/run").read_text()
+    line = next(ln for ln in script.splitlines() if ln.startswith("apt-get install"))
+    packages = [w for w in line.split(">")[0].split()[2:] if not w.startswith("-")]
+    readme = (REPO / "README.md").read_text()
+    said = readme.split("./.ci/run\n```", 1)[1].split("\n## ", 1)[0]
+    assert "containerd" in packages and [p for p in packages if p not in said] == []
+    assert "starts the system's own\n`containerd.service`" in said.replace("**", "")
+    assert "/var/cache/oci-device-hook-tests" in said and "debcache" in script

@@ -35,8 +35,14 @@ EXPECTED = {
         "k8s.gpu.nvidia.com/claim=9d2f4c1a-6b3e-4e8f-a0c7-5d1b2e3f4a6b-gpu-2:",
     ),
 }
-# The DRA bundle carries its node's claim spec and the kubelet's DRA state (README).
+CHECKPOINT = "kubelet_internal_checkpoint"
+# The DRA bundle carries its node's claim spec and the kubelet's DRA state, the k8s bundles their
+# node's device-plugin checkpoint (README).
 EXTRA = {
+    **{
+        name: ["--kubelet-checkpoint", str(EXAMPLES / name / "kubelet/device-plugins" / CHECKPOINT)]
+        for name in ("k8s-image-env", "k8s-allocated")
+    },
     "dra-claim-privileged": [
         "--cdi-spec-dir",
         str(EXAMPLES / "dra-claim-privileged" / "cdi"),
@@ -142,7 +148,34 @@ def test_k8s_pair_image_env_alone_is_no_request_but_the_allocation_is(tmp_path: 
     allocated = json.loads(out)
     gpus = [r for r in allocated["cgroup"] if r["major"] == 195 and r["minor"] < 255]
     assert gpus == [{"allow": True, "type": "c", "major": 195, "minor": 2, "access": "rw"}]
-    assert allocated["evidence"] == ["mount"]
+    assert allocated["evidence"] == ["kubelet-checkpoint", "mount"]
+    assert allocated["kubernetes"]["checkpoint_state"] == "read"
+
+
+def _readme_command(name: str) -> list[str]:
+    row = next(line for line in (REPO / "README.md").read_text().splitlines() if f"| `{name}` |" in line)
+    command = next(c for c in re.findall(r"`([^`]+)`", row) if c.startswith("hook --bundle"))
+    return shlex.split(command)[1:]
+
+
+@pytest.mark.parametrize("name", ["k8s-image-env", "k8s-allocated"])
+def test_the_k8s_examples_say_one_thing_with_and_without_their_checkpoint(name: str, tmp_path: Path) -> None:
+    """Issue 37 item 7: the examples depended on the simulating machine's /var/lib/kubelet, and
+    their text said "allocated nothing" beside "counted without the kubelet's word". With the
+    checkpoint they ship (the README's command) the allocation is read; without one it is unknown,
+    and nothing says "allocated nothing"."""
+    res = hook_cli(*_readme_command(name), "--driver-root", str(tmp_path), cwd=REPO)
+    assert (res.returncode, res.stderr) == (0, "")
+    assert "checkpoint examples/" in res.stdout and " read, allocated " in res.stdout
+    assert "without the kubelet's word" not in res.stdout and "checkpoint is absent" not in res.stdout
+    absent = tmp_path / "no-checkpoint"
+    rc, out, err = run_example(name, tmp_path, "text", "--kubelet-checkpoint", str(absent))
+    assert (rc, err) == (0, "")
+    assert f"checkpoint {absent} absent, allocation unknown (checkpoint absent)" in out
+    assert "allocated nothing" not in out and "allocated no GPU" not in out
+    assert "--kubelet-checkpoint FILE reads one" in out
+    if name == "k8s-allocated":
+        assert "counted without the kubelet's word" in out
 
 
 def test_dra_example_keeps_only_its_claims_gpu(tmp_path: Path) -> None:
@@ -162,11 +195,7 @@ def test_dra_example_keeps_only_its_claims_gpu(tmp_path: Path) -> None:
 
 def _readme_dra_command() -> list[str]:
     """The DRA example's command as the README gives it (backticks), run from the repo root."""
-    row = next(
-        line for line in (REPO / "README.md").read_text().splitlines() if "`dra-claim-privileged`" in line
-    )
-    command = next(c for c in re.findall(r"`([^`]+)`", row) if c.startswith("hook --bundle"))
-    return shlex.split(command)[1:]
+    return _readme_command("dra-claim-privileged")
 
 
 def test_the_readmes_dra_command_is_complete(tmp_path: Path) -> None:

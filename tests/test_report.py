@@ -129,13 +129,20 @@ def test_the_text_says_which_kubelet_evidence_was_absent_and_what_that_meant() -
     assert absent == [
         "evidence absent: the device-plugin checkpoint is absent: no device-plugin allocation of this pod "
         "is known, so the checkpoint bounds none of its devices, and its env counts only if a plugin "
-        "corroborates it",
+        "corroborates it (simulation: --kubelet-checkpoint FILE reads one)",
         "evidence absent: the kubelet's DRA state is absent: no DRA claim of this pod is known, so no claim "
         "narrows it (simulation: --kubelet-dra-state FILE reads a node's state)",
         "evidence absent: so nothing the kubelet wrote bounds this privileged container: "
         "it keeps every device",
     ]
     assert "kubernetes DRA: /dra absent; claims unknown" in lines
+    # issue 37 item 7: never "allocated nothing" where the kubelet's word is missing
+    unknown = "allocation unknown (checkpoint absent)"
+    assert f"kubernetes: pod ml/p container c; checkpoint /ck absent, {unknown}" in lines
+    for state in ("unreadable", "corrupt"):
+        text = render_text(_k8s_report(state, "absent"))
+        assert f"allocation unknown (checkpoint {state})" in text and "allocated nothing" not in text
+    assert "checkpoint /ck read, allocated nothing" in render_text(_k8s_report("read", "absent"))
 
 
 def test_read_evidence_and_a_sandbox_have_no_absent_line() -> None:

@@ -247,6 +247,8 @@ def _allocation_names(requests: Requests) -> str:
     vals = [f"{r.value} ({r.source})" for r in requests.items if r.from_plugin and not dra_claim_of(r)]
     if not vals:
         state = requests.kubelet.state if requests.kubelet is not None else ""
+        if state in ("absent", "unreadable", "corrupt"):  # no word of the kubelet either way
+            return f"(unknown: the kubelet's checkpoint is {state})"
         return _NOTHING_ALLOCATED.get(state, "(none: the kubelet allocated this container no GPU)")
     return ", ".join(vals[:4]) + (f" and {len(vals) - 4} more" if len(vals) > 4 else "")
 

@@ -139,10 +139,13 @@ def _absent(report: dict[str, Any], k: dict[str, Any]) -> list[str]:
             "evidence absent: the kubelet's files were not consulted: no allocation of this pod counts"
         )
     elif k["checkpoint_state"] not in ("read", SANDBOX):  # a sandbox is given nothing, whatever the files say
+        absent = k["checkpoint_state"] == "absent"
+        hint = " (simulation: --kubelet-checkpoint FILE reads one)" if absent else ""
         out.append(
             f"evidence absent: the device-plugin checkpoint is {k['checkpoint_state']}: no device-plugin "
             "allocation of this pod is known, so the checkpoint bounds none of its devices, and its env "
             "counts only if a plugin corroborates it"
+            + hint
         )
     d = k.get("dra")
     if d and d["state"] not in ("read", "unverified"):
@@ -216,7 +219,9 @@ def render_text(report: dict[str, Any]) -> str:
         lines += [f"  {' '.join(given[i : i + 4])}" for i in range(0, len(given), 4)]
     k = report.get("kubernetes")
     if k:
-        alloc = ", ".join(k["allocation"]) or "nothing"
+        alloc = f"allocated {clean(', '.join(k['allocation']) or 'nothing')}"
+        if k["checkpoint_state"] in ("absent", "unreadable", "corrupt"):  # the kubelet's word is missing
+            alloc = f"allocation unknown (checkpoint {k['checkpoint_state']})"
         trust = " (trusted namespace)" if k["trusted_namespace"] else ""
         pod = clean(f"{k['namespace'] or '?'}/{k['pod'] or k['pod_uid']}")
         if k.get("identity_problem"):
@@ -226,7 +231,7 @@ def render_text(report: dict[str, Any]) -> str:
         else:
             lines.append(
                 f"kubernetes: pod {pod}{trust} container {clean(k['container'])}; "
-                f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, allocated {clean(alloc)}"
+                f"checkpoint {k['checkpoint']} {k['checkpoint_state']}, {alloc}"
             )
         d = k.get("dra")
         if d:

@@ -92,6 +92,8 @@ def inputs_for_config(
     settings = _settings(opts)
     if opts.dra_state is not None:
         settings = replace(settings, kubelet_dra_state=str(opts.dra_state))
+    if opts.checkpoint is not None:  # and with it the DRA state's default place, beside it
+        settings = replace(settings, kubelet_checkpoint=str(opts.checkpoint))
     opts = resolved(opts, settings)
     warnings: list[str] = []
     annotations = {**config.annotations, **annotations}

@@ -26,6 +26,7 @@ class Options:
     settings_file: Path | None = None
     use_cache: bool = True  # simulation never writes caches
     dra_state: Path | None = None  # simulation's --kubelet-dra-state: wins over kubelet_dra_state
+    checkpoint: Path | None = None  # simulation's --kubelet-checkpoint: wins over kubelet_checkpoint
     settings: Settings | None = field(default=None, compare=False)
 
 
