@@ -165,6 +165,15 @@ def _host_cache() -> dict[str, tuple[int, int]] | None:
 
 
 @pytest.fixture(autouse=True)
+def node_key_read_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node key is read once per process (``hook.sources.nodekey``); each test reads it again,
+    so no test's key (or a fake file system's lack of one) leaks into the next."""
+    from hook.sources import nodekey
+
+    monkeypatch.setattr(nodekey, "_known", {})
+
+
+@pytest.fixture(autouse=True)
 def host_cache_untouched(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:

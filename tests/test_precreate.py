@@ -214,7 +214,8 @@ def test_a_broken_settings_error_record_carries_the_container_id_the_runtime_gav
     record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
     assert (record["verdict"], record["container"]["id"]) == ("error", "ctr-0123abcd")
     cfg = {**json.loads(example("slice-privileged")), "hostname": "ctr-host-7"}
-    assert precreate(node, json.dumps(cfg).encode()).returncode == 1  # hooks.d precreate: no id given
+    no_id = {"OCI_DEVICE_HOOK_CONTAINER_ID": ""}  # hooks.d precreate: no id given
+    assert precreate(node, json.dumps(cfg).encode(), env=no_id).returncode == 1
     record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
     assert record["container"]["id"] == "ctr-host-7"
 

@@ -18,8 +18,12 @@ HOST = Path("/host")
 
 
 @pytest.fixture
-def fake_host(fs):
-    """``fake_host(topology) -> (root, spec)`` in a pyfakefs tree (plain files for /dev nodes)."""
+def fake_host(fs, monkeypatch):
+    """``fake_host(topology) -> (root, spec)`` in a pyfakefs tree (plain files for /dev nodes); the
+    node has a key (held as read: pyfakefs has no ``dir_fd`` opens to make one), so caches work."""
+    from hook.sources import nodekey
+
+    monkeypatch.setitem(nodekey._known, nodekey.KEY_DIR, b"k" * nodekey.KEY_BYTES)
 
     def make(topology: str) -> tuple[Path, HostSpec]:
         return HOST, make_host_tree(HOST, topology, mknod=False)

@@ -282,3 +282,17 @@ def test_cache_write_failure_is_a_warning(fake_host, nvml_for) -> None:
     blocker.write_text("a file, not a directory")
     inv = inventory.load(root, None, blocker, need_migs=True, nvml_module=nvml_for("8x-mig"))
     assert inv.source == "proc+nvml" and any("cache not written" in w for w in inv.warnings)
+
+
+def test_a_rewritten_inventory_without_the_node_seal_is_never_believed(fake_host, nvml_for) -> None:
+    """Issue 36 item 1: the inventory record rewritten by a writer of /run (its key kept, a GPU's
+    minor changed) is a miss without the node key's seal: the inventory is read again."""
+    root, _ = fake_host("8x-mig")
+    fake = nvml_for("8x-mig")
+    good = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
+    data = json.loads(_unsealed())
+    data["inventory"]["gpus"][0]["minor"] = 7
+    (CACHE / "inventory.json").write_bytes(json.dumps(data).encode())
+    (CACHE / "inventory.json").chmod(0o600)
+    again = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
+    assert again.source == "proc+nvml" and again.gpus == good.gpus

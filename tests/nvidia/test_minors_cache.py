@@ -100,3 +100,17 @@ def test_no_cache_dir_no_boot_id_no_caching(fake_host) -> None:
     (root / "proc/sys/kernel/random/boot_id").unlink()
     _load(root)
     assert not FILE.exists()
+
+
+def test_a_rewritten_minors_record_without_the_node_seal_is_never_believed(fake_host) -> None:
+    """Issue 36 item 1: a container with the host's /run rewrites the record (its key kept, a
+    sibling's cap minor given to another name): without the node key's seal it is a miss, and the
+    table is read from /proc again."""
+    root, _ = fake_host("8x-mig")
+    good = _load(root)
+    doc = json.loads(nodekey.unseal(FILE.name, FILE.read_bytes()) or b"")
+    doc["by_name"] = {name: minor + 1 for name, minor in doc["by_name"].items()}
+    FILE.write_bytes(json.dumps(doc).encode())  # as root writes it: owner and mode are the hook's
+    FILE.chmod(0o600)
+    assert _load(root).caps == good.caps
+    assert nodekey.unseal(FILE.name, FILE.read_bytes()) is not None  # rewritten, sealed
