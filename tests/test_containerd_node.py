@@ -411,6 +411,92 @@ def test_doctor_judges_the_config_the_running_containerd_uses_or_says_it_cannot_
     assert said.endswith("containerd runs /etc/k8s/containerd.toml (pid 4242)")
 
 
+def _proc_entry(proc: Path, pid: int, argv: list[str], started: float, boot: int = 1_700_000_000) -> None:
+    """A process in a scratch procfs: its command line and its start (``stat`` field 22, ticks)."""
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    ticks = int((started - boot) * 100)
+    name = argv[0].rsplit("/", 1)[-1]
+    fields = ["0"] * 18 + [str(ticks)] + ["0"] * 5
+    (proc / str(pid) / "stat").write_text(f"{pid} ({name}) S " + " ".join(fields))
+    (proc / "stat").write_text(f"cpu  1 2 3\nbtime {boot}\n")
+
+
+def _doctor_line(tmp_path: Path, host: Path, proc: Path) -> str:
+    from hook.tools import doctor
+
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir(exist_ok=True)
+    report, _ = doctor.run_doctor(
+        tmp_path, [], [hooks], tmp_path / "none.yaml", "text", host_root=host, proc=proc
+    )  # fmt: skip
+    return next(ln for ln in report.splitlines() if " containerd:" in ln)
+
+
+def test_doctor_says_registered_restart_needed_until_containerd_restarts(tmp_path: Path) -> None:
+    """Issue 37 item 1: containerd reads its config once, at start; a registration written after
+    it started is not what it runs: "registered, restart needed" (✗), until it starts again."""
+    from hook.tools import checks, ctdedit
+
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    config = host / "etc/containerd/config.toml"
+    registered, _ = ctdedit.register_containerd(NODE_CONFIG, "x", {}, f"{checks.LIBEXEC}/runtime")
+    config.write_text(registered)
+    os.utime(config, (1_700_050_000, 1_700_050_000))  # registered at this time
+    proc = tmp_path / "proc"
+    _proc_entry(proc, 4242, ["/usr/bin/containerd"], started=1_700_000_000.5)  # before: the old config
+    said = _doctor_line(tmp_path, host, proc)
+    assert said.startswith("✗ containerd: registered, restart needed: ") and str(config) in said, said
+    assert "changed at 2023-11-15 12:06:40 UTC, after containerd started at 2023-11-14 22:13:20 UTC" in said
+    shutil.rmtree(proc)
+    _proc_entry(proc, 5151, ["/usr/bin/containerd"], started=1_700_060_000)  # restarted since
+    said = _doctor_line(tmp_path, host, proc)
+    assert said.startswith("✓ containerd: ") and "restart needed" not in said, said
+
+
+def test_doctor_judges_the_containerd_serving_the_kubelets_cri_socket_and_names_the_others(
+    tmp_path: Path,
+) -> None:
+    """Issue 37 item 1: Docker's own containerd (first by pid, unregistered) beside the node's: the
+    one the kubelet's CRI socket reaches is judged, and the other is named, never judged instead."""
+    from hook.tools import checks, ctdedit
+
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    (host / "etc/containerd/config.toml").write_text(NODE_CONFIG)  # Docker's: not registered
+    (host / "etc/k8s").mkdir()
+    registered, _ = ctdedit.register_containerd(NODE_CONFIG, "x", {}, f"{checks.LIBEXEC}/runtime")
+    grpc = '\n[grpc]\n  address = "/run/k8s/containerd.sock"\n'
+    (host / "etc/k8s/containerd.toml").write_text(registered + grpc)
+    proc = tmp_path / "proc"
+    docker = ["/usr/bin/containerd", "--address", "/run/docker/containerd/containerd.sock"]
+    _proc_entry(proc, 100, docker, started=1_900_000_000)
+    _proc_entry(proc, 200, ["/usr/bin/containerd", "-c", "/etc/k8s/containerd.toml"], started=1_900_000_000)
+    kubelet = ["/usr/bin/kubelet", "--container-runtime-endpoint=unix:///run/k8s/containerd.sock"]
+    _proc_entry(proc, 300, kubelet, started=1_900_000_000)
+    said = _doctor_line(tmp_path, host, proc)
+    assert said.startswith("✓ containerd: "), said
+    assert "containerd runs /etc/k8s/containerd.toml (pid 200), the one serving the node's CRI socket " \
+        "/run/k8s/containerd.sock (the kubelet (pid 300): --container-runtime-endpoint)" in said
+    assert said.endswith("also running: pid 100 on /run/docker/containerd/containerd.sock with "
+                         "/etc/containerd/config.toml")  # fmt: skip
+    # the kubelet's config file names the endpoint instead of a flag: the same judgement
+    shutil.rmtree(proc / "300")
+    (host / "var/lib/kubelet").mkdir(parents=True)
+    (host / "var/lib/kubelet/config.yaml").write_text("kind: KubeletConfiguration\n"
+                                                      "containerRuntimeEndpoint: unix:///run/k8s/containerd.sock\n")
+    kubelet = ["/usr/bin/kubelet", "--config", "/var/lib/kubelet/config.yaml"]
+    _proc_entry(proc, 300, kubelet, started=1_900_000_000)
+    assert _doctor_line(tmp_path, host, proc).startswith("✓ containerd: ")
+    # the kubelet reaches Docker's: that one is judged, and it is not registered
+    (host / "var/lib/kubelet/config.yaml").write_text(
+        "containerRuntimeEndpoint: unix:///run/docker/containerd/containerd.sock\n"
+    )
+    said = _doctor_line(tmp_path, host, proc)
+    assert said.startswith("✗ containerd: ") and "(pid 100), the one serving" in said, said
+
+
 K3S_RENDERED = textwrap.dedent(f"""\
     # File generated by k3s. DO NOT EDIT. Use config.toml.tmpl instead.
     version = 2

@@ -10,14 +10,17 @@ same, or a k3s/rke2 unit says the rendered config is the one. Where none of thes
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
 from hook.core.record import record
 
-__all__ = ["Source", "running", "from_unit", "config_of", "likely_config"]
+__all__ = ["Source", "running", "from_unit", "config_of", "likely_config", "started_at", "cri_socket"]
 
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
+DEFAULT_SOCKET = "/run/containerd/containerd.sock"
+K3S_SOCKET = "/run/k3s/containerd/containerd.sock"
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 K3S_UNITS = {
     "k3s.service": "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
@@ -31,11 +34,14 @@ ADDRESS_FLAGS = ("a", "address")
 
 @record(kw_only=False)
 class Source:
-    """Where the answer came from (``pid 123``, ``containerd.service``), the config, the socket."""
+    """Where the answer came from (``pid 123``, ``containerd.service``), the config, the socket
+    (``--address``; "" where the flag is not given), and when the process started (epoch seconds;
+    0 where ``proc`` cannot tell, or for a unit)."""
 
     where: str
     config: str
     address: str = ""
+    started: float = 0.0
 
 
 def _flag(argv: list[str], names: tuple[str, ...]) -> str | None:
@@ -79,8 +85,23 @@ def running(proc: Path) -> list[Source]:
             continue  # ended meanwhile
         if _is_daemon(argv):
             config, address = config_of(argv)
-            found.append(Source(f"pid {cmdline.parent.name}", config, address))
+            pid = cmdline.parent.name
+            found.append(Source(f"pid {pid}", config, address, started_at(proc, pid)))
     return found
+
+
+def started_at(proc: Path, pid: str) -> float:
+    """When process ``pid`` started, in epoch seconds (boot time plus its ``starttime`` in clock
+    ticks, USER_HZ 100 as Linux exports it); 0 where ``proc`` cannot tell."""
+    try:
+        boot = re.search(r"^btime (\d+)$", (proc / "stat").read_text(), re.M)
+        line = (proc / pid / "stat").read_text()
+    except OSError:
+        return 0.0
+    fields = line[line.rfind(")") + 2 :].split()
+    if boot is None or len(fields) < 20 or not fields[19].isdigit():
+        return 0.0
+    return int(boot.group(1)) + int(fields[19]) / 100
 
 
 def _exec_start(text: str, current: str) -> str:
@@ -116,3 +137,38 @@ def likely_config(host_root: Path) -> str:
     """With no process and no unit to ask: k3s's or rke2's rendered config where one is there (their
     agent runs containerd on it), else containerd's default."""
     return next((c for c in K3S_UNITS.values() if (host_root / c.lstrip("/")).is_file()), DEFAULT_CONFIG)
+
+
+def _socket(endpoint: str) -> str:
+    return endpoint.removeprefix("unix://")
+
+
+def cri_socket(proc: Path, host_root: Path) -> tuple[str, str]:
+    """(the CRI socket this node's kubelet uses, how that is known): its
+    ``--container-runtime-endpoint``, else ``containerRuntimeEndpoint`` in the file its
+    ``--config`` names, else k3s's or rke2's own containerd where their unit is there, else
+    containerd's default socket (the kubelet's default too)."""
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            argv = [a.decode("utf-8", "replace") for a in cmdline.read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if not argv or argv[0].rsplit("/", 1)[-1] != "kubelet":
+            continue
+        where = f"the kubelet (pid {cmdline.parent.name})"
+        endpoint = _flag(argv, ("container-runtime-endpoint",))
+        if endpoint:
+            return _socket(endpoint), f"{where}: --container-runtime-endpoint"
+        config = _flag(argv, ("config",))
+        try:
+            text = (host_root / config.lstrip("/")).read_text() if config else ""
+        except OSError:
+            text = ""
+        m = re.search(r"(?m)^containerRuntimeEndpoint:[ \t]*[\"']?([^\s\"'#]+)", text)
+        if m:
+            return _socket(m.group(1)), f"{where}: containerRuntimeEndpoint in {config}"
+        return DEFAULT_SOCKET, f"{where}: no endpoint given, its default"
+    unit = from_unit(host_root)
+    if unit is not None and unit.where in K3S_UNITS:
+        return K3S_SOCKET, f"{unit.where}'s own containerd"
+    return DEFAULT_SOCKET, "no kubelet running: containerd's default socket"

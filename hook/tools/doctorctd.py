@@ -131,9 +131,9 @@ def check_node(host_root: Path, proc: Path, libexec: str, given: Path | None = N
     config no running containerd uses is a ``!`` warning when it is not registered."""
     daemons = ctdprocess.running(proc)
     if daemons:
-        src = daemons[0]
+        src, which = _judged(daemons, proc, host_root)
         config = host_root / src.config.lstrip("/")
-        runs = f"containerd runs {src.config} ({src.where})"
+        runs = f"containerd runs {src.config} ({src.where}){which}"
         if not config.exists():
             why = f"{runs}, which is absent: its built-in runc handler does not run the wrapper"
             return Check("containerd", False, why, _FIX), config
@@ -143,6 +143,10 @@ def check_node(host_root: Path, proc: Path, libexec: str, given: Path | None = N
             also = "registered" if judged.ok else "not registered either"
             why = f"{runs}, not {given} ({also}): {check.detail}"
             return Check("containerd", False, why, check.fix or _FIX), given
+        stale = _changed_since(config, src.started) if check.ok else ""
+        if stale:
+            why = f"registered, restart needed: {stale}; {check.detail}; {runs}"
+            return Check("containerd", False, why, _RESTART), config
         return Check("containerd", check.ok, f"{check.detail}; {runs}", check.fix), config
     if given is not None:
         return _not_running(check_containerd(given, libexec), f"no containerd process in {proc}"), given
@@ -162,6 +166,63 @@ def check_node(host_root: Path, proc: Path, libexec: str, given: Path | None = N
 
 
 _FIX = "run the installer (packaging/kubernetes; a .deb: installer register) and restart containerd"
+_RESTART = "restart containerd (systemctl restart containerd; k3s, rke2: their unit) to read the registration"
+
+
+def _address(src: ctdprocess.Source, host_root: Path) -> str:
+    """The socket a containerd serves: its ``--address``, else its config's ``[grpc] address``,
+    else containerd's default."""
+    if src.address:
+        return src.address
+    from hook.tools.engines import parse
+
+    try:
+        doc = parse((host_root / src.config.lstrip("/")).read_text(), src.config)
+        return str((doc.get("grpc") or {}).get("address") or ctdprocess.DEFAULT_SOCKET)
+    except Exception:  # absent or unreadable: judged (and reported) by check_containerd
+        return ctdprocess.DEFAULT_SOCKET
+
+
+def _judged(daemons: list[ctdprocess.Source], proc: Path, host_root: Path) -> tuple[ctdprocess.Source, str]:
+    """The containerd that serves the CRI socket the node's kubelet uses (Docker's own, a test's or
+    k3s's beside it are not the node's runtime), and the words saying which and which others run."""
+    socket, how = ctdprocess.cri_socket(proc, host_root)
+    addressed = [(d, _address(d, host_root)) for d in daemons]
+    serving = [d for d, a in addressed if a == socket]
+    src = serving[0] if serving else daemons[0]
+    if len(daemons) == 1 and serving:
+        return src, ""
+    which = (
+        f", the one serving the node's CRI socket {socket} ({how})"
+        if serving
+        else f"; none serves the node's CRI socket {socket} ({how}): judged the first"
+    )
+    others = [f"{d.where} on {a} with {d.config}" for d, a in addressed if d is not src]
+    return src, which + (f"; also running: {', '.join(others)}" if others else "")
+
+
+def _changed_since(config: Path, started: float) -> str:
+    """The newest of the files containerd loads for ``config`` (it and its imports) where it changed
+    after containerd started (containerd reads its config once, at start); '' where none did, or
+    where the start time is unknown."""
+    from hook.tools import ctdconfig
+
+    if not started:
+        return ""
+    try:
+        read, listdir = _host_reader()
+        files, _ = ctdconfig.load(str(config), read, listdir)
+        newest = max((os.stat(f.path).st_mtime, f.path) for f in files if f.exists)
+    except Exception:  # check_containerd judged the files; an unreadable one is reported there
+        return ""
+    if newest[0] <= started:
+        return ""
+    import time
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+    return f"{newest[1]} changed at {when(newest[0])}, after containerd started at {when(started)}"
 
 
 def _not_running(check: Check, how: str) -> Check:

@@ -273,10 +273,47 @@ def _leftovers(
     return paths, dirs
 
 
+def status(node: Node) -> int:
+    """The record; with ``--check`` or ``--write``, the drift verdict beside it (``drift.judge``),
+    and with ``--check`` exit 1 when containerd does not run the hook for every handler."""
+    rec = read_record(node)
+    if not (node.opts.check or node.opts.write):
+        print(json.dumps(rec, indent=2, sort_keys=True))
+        return 0
+    from hook.tools.install import drift
+
+    verdict = drift.judge(node, rec)
+    if node.opts.write:
+        drift.write_status(node.opts.write, verdict)
+    print(json.dumps({**rec, "drift": verdict}, indent=2, sort_keys=True))
+    for problem in verdict["problems"]:
+        say(f"drift: {problem}")
+    return 1 if node.opts.check and not verdict["ok"] else 0
+
+
+def repair(node: Node) -> int:
+    """Register again where another tool rewrote containerd's config (the DaemonSet's loop, each
+    poll): one line per repair; with ``--restart-engine`` containerd restarts to read it."""
+    from hook.tools.install import drift
+
+    rec = read_record(node)
+    if not rec.get("containerd"):
+        return 0  # nothing registered with containerd here: nothing to drift
+    if rec.get("registered_only"):
+        node.opts.etc = rec.get("etc") or node.opts.etc  # the shims bake the settings path in
+    node.opts.libexec = rec.get("libexec") or node.opts.libexec
+    done = drift.repair(node, rec, shim_all=bool(rec.get("registered_only")))
+    if done and node.opts.restart_engine:
+        restart_engine(node, engine_unit(node, rec))
+    elif done:
+        say(restart_hint(rec))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="installer", description="install oci-device-hook on a node")
     p.add_argument("action", choices=["install", "uninstall", "settings", "status", "register", "unregister",
-                                      "teardown"])  # fmt: skip
+                                      "teardown", "repair"])  # fmt: skip
     p.add_argument("--root", default="/", help="where the node's filesystem is mounted (DaemonSet: /host)")
     p.add_argument("--src", default="", help="the package's file tree (default: the one this runs from)")
     p.add_argument("--prefix", "--libexec", dest="libexec", default=DEFAULTS["libexec"],
@@ -303,6 +340,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--daemonset", default="oci-device-hook", help="teardown: NAMESPACE/NAME or NAME (Helm's)")
     p.add_argument("--timeout", type=float, default=600, help="teardown: seconds to wait for the rollout")
     p.add_argument("--api", default="", help="teardown: the API server (default: the pod's service env)")
+    p.add_argument("--check", action="store_true", help="status: exit 1 on drift (not registered, or "
+                   "registered after containerd started)")
+    p.add_argument("--write", default="", help="status: also write the drift verdict to this file (the "
+                   "installer's own path: hook metrics --registration, a readiness probe)")
     return p
 
 
@@ -328,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
 
             ns, _, name = opts.daemonset.rpartition("/")
             return teardown(ns or os.environ.get("POD_NAMESPACE", "default"), name, opts.timeout, opts.api)
-        print(json.dumps(read_record(node), indent=2, sort_keys=True))
-        return 0
+        if opts.action == "repair":
+            return repair(node)
+        return status(node)
     except (HookError, InputError) as exc:
         say(str(exc))
         return exc.exit_code
