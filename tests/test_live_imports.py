@@ -170,3 +170,161 @@ def test_a_served_slice_pod_loads_no_decision_module(tmp_path: Path, cgroup2: bo
     assert not ours & decision_modules, ours & decision_modules
     assert {"hook.routes.client", "hook.routes.act", "hook.adapters.apply.transaction"} <= ours
     assert not {m for m in runs[-1]["loaded"] if m in ("yaml", "hashlib", "socket", "typing")}  # type: ignore[attr-defined]
+
+
+# --- issue 35 item 1: every route's per-start process, the decider warm -----------------------------
+# What each route loads beyond the interpreter's own start (python3 -ISB), the decider answering.
+# Adding a module here is a decision about every container's start, not an accident.
+
+ONE_GPU = "nvidia.com/gpu=GPU-a158631e-3c5d-6f1e-9b2a-7d4c8e0f1a23"  # examples/node/cdi
+ROUTES = ("prestart", "createRuntime", "precreate", "wrapper")
+LIVE_ROUTES = ("prestart", "createRuntime")
+
+
+def _one_gpu(rootfs: Path, cgroups_path: str) -> dict[str, object]:
+    config = bundles.nodev_config(rootfs, cgroups_path)
+    config["annotations"] = {"cdi.k8s.io/odh": ONE_GPU}
+    return config
+
+
+WORKLOADS = {"plain": bundles.nodev_config, "one-cdi-gpu": _one_gpu, "slice-pod": bundles.slice_config}
+
+# The fast path (a container that asks for nothing): its record and the fast-path cache's MAC.
+FAST_STDLIB = {"__future__", "_json", "_blake2", "_operator"}
+FAST_HOOK = {
+    "hook", "hook.entry", "hook.core", "hook.core.version", "hook.routes", "hook.routes.fastpath",
+    "hook.sources", "hook.sources.privatefile", "hook.sources.nodekey",
+}  # fmt: skip
+# A served decision: the socket, the MAC (_blake2, _operator's compare_digest), the JSON scanner.
+SERVED_STDLIB = FAST_STDLIB | {"_socket"}
+SERVED_HOOK = FAST_HOOK | {
+    "hook.routes.offer", "hook.routes.client", "hook.routes.wire", "hook.routes.decision", "hook.routes.act",
+    "hook.core.record", "hook.adapters", "hook.adapters.log", "hook.core.escape", "hook.routes.logrecord",
+    "hook.sources.kubelet", "hook.sources.kubelet.podid", "hook.core.kubelet",
+}  # fmt: skip
+# The runtime wrapper reads the command line as runc and crun do; errno for its write's ENOSPC.
+WRAPPER_STDLIB = {"errno"}
+WRAPPER_HOOK = {
+    "hook.routes.wrapper", "hook.core.record", "hook.core.escape", "hook.routes.runtimeargs",
+    "hook.routes.runtimeargs.crun", "hook.routes.runtimeargs.readings", "hook.routes.runtimeargs.runc",
+    "hook.routes.runtimeargs.values",
+}  # fmt: skip
+# Applying a plan with nodes (live routes): the plain plan, the cgroup writer, the node helper
+# (ctypes: setns and openat2, which this Python's os lacks).
+APPLY_STDLIB = {"ctypes", "_ctypes", "ctypes._endian", "struct", "_struct", "types", "errno"}
+APPLY_HOOK = {
+    "hook.core.plainplan", "hook.core.errors", "hook.core.kpath", "hook.adapters.apply",
+    "hook.adapters.apply.transaction", "hook.adapters.apply.locate", "hook.adapters.apply.devnodes",
+    "hook.adapters.apply.devpath",
+}  # fmt: skip
+V1_HOOK = {"hook.adapters.apply.cgroup_v1"}
+# cgroup v2: the eBPF builder normalizes the core's rules (enum) and raises RLIMIT_MEMLOCK.
+V2_STDLIB = {
+    "enum", "functools", "_functools", "collections", "_collections", "collections.abc", "itertools",
+    "keyword", "operator", "reprlib", "resource",
+}  # fmt: skip
+V2_HOOK = {"hook.adapters.apply.cgroup_v1", "hook.adapters.apply.cgroup_v2", "hook.adapters.apply.bpf",
+           "hook.adapters.apply.bpf_sys", "hook.core.rules"}  # fmt: skip
+# The crun guard's gate is read where a rule crun's systemd driver could widen (one CDI GPU, no
+# runtime named by hooks.d precreate); the guard itself only where the runtime may be crun.
+GATE_HOOK = {"hook.routes.crungate"}
+
+
+def expected_modules(route: str, workload: str, cgroup2: bool) -> tuple[set[str], set[str]]:
+    """(stdlib allowed, hook modules exactly) for one served start."""
+    stdlib, hook = set(FAST_STDLIB), set(FAST_HOOK)
+    if route == "wrapper":
+        stdlib, hook = stdlib | WRAPPER_STDLIB, hook | WRAPPER_HOOK
+    if workload == "plain":
+        return stdlib, hook
+    stdlib, hook = stdlib | SERVED_STDLIB, hook | SERVED_HOOK
+    if route in LIVE_ROUTES:
+        stdlib, hook = stdlib | APPLY_STDLIB, hook | APPLY_HOOK
+        stdlib, hook = (stdlib | V2_STDLIB, hook | V2_HOOK) if cgroup2 else (stdlib, hook | V1_HOOK)
+    elif workload == "one-cdi-gpu":
+        hook |= GATE_HOOK
+    return stdlib, hook
+
+
+def _every_route_served(tmp: Path, cgroup2: bool) -> dict[tuple[str, str], dict[str, object]]:
+    """Each route x workload started twice, one namespace, the decider warm: the second start's record."""
+    root = tmp / "driver"
+    make_host_tree(root, "8x-mig", mknod=True)
+    lib = tmp / "lib"
+    lib.mkdir()
+    (lib / "hook").symlink_to(REPO / "hook")
+    (lib / "yaml").symlink_to(Path(yaml.__file__).resolve().parent)
+    settings = tmp / "settings.yaml"
+    values = {"runtime": RUNC, "log_file": str(tmp / "hook.log"), "cache_dir": str(tmp / "cache"),
+              "driver_root": str(root), "cdi_spec_dirs": [str(REPO / "examples" / "node" / "cdi")]}
+    settings.write_text(json.dumps(values) + "\n")
+    out = tmp / "modules.jsonl"
+    runner = [sys.executable, "-ISB", str(REPO / "tests" / "routeproc.py"), str(lib), str(out), "--"]
+    rootfs = bundles.build_rootfs(tmp / "rootfs")
+    state_root = tmp / "runc"
+    env = "OCI_DEVICE_HOOK_DECIDER_TIMEOUT_MS=5000"  # a loaded machine's first decision must be served
+    script = [
+        "mount -t tmpfs -o mode=0755 tmpfs /run", "mount -t tmpfs -o mode=0755 tmpfs /var/log",
+        "mkdir -m 0700 /run/oci-device-hook", "mkdir -p /var/lib/oci-device-hook",
+        "mount -t tmpfs -o mode=0700 tmpfs /var/lib/oci-device-hook",
+    ]  # fmt: skip
+    if cgroup2:
+        script.append("mount -t cgroup2 none /sys/fs/cgroup")
+    script += [
+        f"{sys.executable} -I -m hook serve --config {settings} 2>{tmp}/serve.err & d=$!",
+        "i=0; while [ ! -S /run/oci-device-hook/decider.sock ] && [ $i -lt 400 ]; do",
+        "sleep 0.05; i=$((i+1)); done",
+    ]
+    cids, order = [], []
+    for workload, make in WORKLOADS.items():
+        for route in ROUTES:
+            for n in range(2):  # the first writes the caches, as the first container on a node does
+                cid = f"odh-routes-{uuid.uuid4().hex[:10]}"
+                config = make(rootfs, f"/odh-live/{cid}")
+                order.append((route, workload))
+                b = tmp / f"{workload}-{route}-{n}"
+                if route in LIVE_ROUTES:
+                    args = [*runner, route, "--config", str(settings)]
+                    entry = {**bundles.hook_entry(Path(sys.executable)), "args": args}
+                    entry["env"] = [*entry.get("env", []), env]
+                    config["hooks"] = {route: [entry]}
+                    bundles.write_bundle(b, config)
+                    cids.append(cid)
+                    script.append(f"{RUNC} --root {state_root} run --bundle {b} {cid} </dev/null >/dev/null")
+                else:
+                    bundles.write_bundle(b, config)
+                    if route == "precreate":
+                        line = f"precreate --config {settings} < {b}/config.json"
+                    else:
+                        line = f"runtime-wrapper --config {settings} -- {RUNC} create --bundle {b} {cid}"
+                        line += " </dev/null"
+                    script.append(f"{env} {' '.join(runner)} {line} > {b}.out")
+    script.append("kill $d; wait $d || true")
+    try:
+        proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", "\n".join(script)],
+                              capture_output=True, timeout=300)  # fmt: skip
+    finally:
+        for cid in cids:
+            subprocess.run([RUNC, "--root", str(state_root), "delete", "-f", cid], capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == len(order)
+    log = [json.loads(line) for line in (tmp / "hook.log").read_text().splitlines()]
+    assert log and {r.get("decider") for r in log} == {"answered"}, [r.get("decider") for r in log]
+    return {key: rec for key, rec in zip(order, records, strict=True)}  # the second of each pair wins
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2"])
+def test_every_route_served_loads_only_what_its_container_needs(tmp_path: Path, cgroup2: bool) -> None:
+    """Issue 35 item 1: prestart, createRuntime, hooks.d precreate and the runtime wrapper, for a
+    plain container, one CDI GPU and the slice pod, with the decider answering: each per-start
+    process loads the interpreter's core plus the modules listed above, and no others (no yaml,
+    json, re, pathlib, enum on cgroup v1, no crun guard with runc)."""
+    runs = _every_route_served(tmp_path, cgroup2)
+    for (route, workload), rec in runs.items():
+        assert rec["rc"] == ("exec" if route == "wrapper" else 0), (route, workload, rec["rc"])
+        loaded = set(rec["loaded"])  # type: ignore[call-overload]
+        stdlib, hook = expected_modules(route, workload, cgroup2)
+        ours = {m for m in loaded if m == "hook" or m.startswith("hook.")}
+        assert ours == hook, (route, workload, sorted(ours - hook), sorted(hook - ours))
+        assert loaded - ours <= stdlib, (route, workload, sorted(loaded - ours - stdlib))

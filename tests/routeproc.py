@@ -1,0 +1,46 @@
+"""Run one per-start hook process as the launcher does and record what it imported:
+``routeproc.py LIB OUT -- ARGS`` (``ARGS`` as ``hook.entry.main`` takes them, ``runtime-wrapper ...``
+included).
+
+Rule: as ``bench/hookproc.py`` (``python3 -ISB``, ``LIB`` first on ``sys.path``, the state or config
+on fd 0), except that an ``exec`` of the real runtime (the wrapper's last step) is where the record
+is written and the process ends, so the wrapper route is measured too. One JSON line goes to
+``OUT``: the route's exit status (``"exec"`` for a wrapper that would start the runtime) and the
+modules loaded after the interpreter's own start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    lib, out, rest = argv[0], argv[1], argv[2:]
+    if rest[:1] != ["--"]:
+        sys.stderr.write("usage: routeproc.py LIB OUT -- ARGS\n")
+        return 2
+    sys.path.insert(0, lib)
+    before = set(sys.modules)
+
+    def record(rc: object) -> None:
+        loaded = sorted(set(sys.modules) - before)
+        import json  # only now: the measured run must not find it loaded
+
+        with open(out, "a") as f:
+            f.write(json.dumps({"rc": rc, "loaded": loaded}) + "\n")
+
+    def execvp(path: str, args: list[str]) -> None:
+        record("exec")
+        os._exit(0)
+
+    os.execvp = execvp  # type: ignore[assignment]
+    from hook.entry import main as hook_main
+
+    rc = hook_main(rest[1:])
+    record(rc)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
