@@ -292,7 +292,8 @@ def test_a_rewritten_inventory_without_the_node_seal_is_never_believed(fake_host
     good = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
     data = json.loads(_unsealed())
     data["inventory"]["gpus"][0]["minor"] = 7
-    (CACHE / "inventory.json").write_bytes(json.dumps(data).encode())
+    seal = (CACHE / "inventory.json").read_bytes().split(b"\n", 1)[0]  # kept: only what follows changes
+    (CACHE / "inventory.json").write_bytes(seal + b"\n" + json.dumps(data).encode())
     (CACHE / "inventory.json").chmod(0o600)
     again = inventory.load(root, None, CACHE, need_migs=True, nvml_module=fake)
     assert again.source == "proc+nvml" and again.gpus == good.gpus

@@ -110,7 +110,9 @@ def test_a_rewritten_minors_record_without_the_node_seal_is_never_believed(fake_
     good = _load(root)
     doc = json.loads(nodekey.unseal(FILE.name, FILE.read_bytes()) or b"")
     doc["by_name"] = {name: minor + 1 for name, minor in doc["by_name"].items()}
-    FILE.write_bytes(json.dumps(doc).encode())  # as root writes it: owner and mode are the hook's
+    seal = FILE.read_bytes().split(b"\n", 1)[0]  # kept: only the bytes after it change
+    FILE.write_bytes(seal + b"\n" + json.dumps(doc).encode())  # as root writes it: owner, mode the hook's
     FILE.chmod(0o600)
+    assert inventory._cached_minors(CACHE, doc["key"]) is None  # the forged table is not read
     assert _load(root).caps == good.caps
     assert nodekey.unseal(FILE.name, FILE.read_bytes()) is not None  # rewritten, sealed
