@@ -7,6 +7,10 @@ narrowed to one) starts under runc with ``bench/hookproc.py`` as its prestart ho
 ``sys.modules``. Everything runs inside ``unshare -m`` with a tmpfs over /run (the hook's caches
 are the test's own); the second container is measured (the first writes the caches, as the
 first container on a node does).
+
+Issue 35 extends the pin to every per-start route (prestart, createRuntime, hooks.d precreate and
+the runtime wrapper, run through ``tests/routeproc.py``) and to the decider-served path, for a plain
+container, one CDI GPU and the slice pod, on cgroup v1 and v2: the allowed modules are written below.
 """
 
 from __future__ import annotations
