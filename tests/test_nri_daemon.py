@@ -331,3 +331,20 @@ def test_a_listener_that_is_not_root_gets_no_registration(
         shared.rmdir()
     assert out == "got 0\n" or out == "got nothing\n", out  # closed unread: no RegisterPlugin
     assert "runs as uid 65534, not root: not a runtime" in capsys.readouterr().err
+
+
+def test_synchronize_queues_running_and_paused_containers_not_created_ones(
+    tmp_path: Path, node: Path
+) -> None:
+    from hook.routes.nri.plugin import Plugin
+    from hook.routes.nri.verdicts import Ctx
+    from hook.routes.options import Options
+
+    plugin = Plugin(
+        Ctx(options=Options(settings_file=_settings(tmp_path, node))), lambda _a: None, lambda _s: None
+    )
+    listed = [
+        f.container(f"{state:064x}", state=state) for state in (1, 2, 3, 4)
+    ]  # created, paused, running, stopped
+    plugin.call("Synchronize", f.synchronize([], listed))
+    assert plugin.remembered() == 2

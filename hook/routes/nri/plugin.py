@@ -26,7 +26,7 @@ __all__ = ["EVENTS", "MAX_REMEMBERED", "Plugin", "rules_applied"]
 
 EVENTS = (m.CREATE_CONTAINER, m.START_CONTAINER, m.STOP_CONTAINER, m.REMOVE_CONTAINER)
 MAX_REMEMBERED = 8192
-RUNNING = 3  # ContainerState CONTAINER_RUNNING
+STARTED = (2, 3)  # ContainerState PAUSED, RUNNING: its StartContainer is past (CREATED's is to come)
 INVALID_ARGUMENT = 3
 
 
@@ -159,7 +159,7 @@ class Plugin:
             if len(self._pods) < self._max:
                 self._pods[pod.id] = pod
         for c in sync.containers:
-            if c.state == RUNNING and c.id not in self._enforced and len(self._late) < self._max:
+            if c.state in STARTED and c.id not in self._enforced and len(self._late) < self._max:
                 self._late.append((self._pods.get(c.pod_sandbox_id, m.Pod()), c))
         if not sync.more:
             self._pods.clear()
