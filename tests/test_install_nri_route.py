@@ -70,3 +70,25 @@ def test_install_refuses_nri_alone_and_leaves_containerds_config(tmp_path: Path)
     assert both.returncode == 0, both.stderr
     assert str(node.libexec / "runtime") in node.containerd.read_text()
     assert node.record()["route"] == "both"
+
+
+def test_the_daemonsets_install_script_passes_the_route(tmp_path: Path) -> None:
+    """``ROUTE`` (and ``ACCEPT_UNADJUSTED``) on the main DaemonSet's installer container reach the
+    installer as ``--route`` (``--accept-unadjusted``): NRI alone is refused here as above."""
+    import os
+    import subprocess
+
+    from tests.test_install import _script
+
+    tree = make_tree(tmp_path / "tree")
+    node = Node(tmp_path / "node")
+    node.base.mkdir()
+    node.containerd.parent.mkdir()
+    node.containerd.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+                               '  runtime_type = "io.containerd.runc.v2"\n')  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "SRC": str(tree), "HOST_ROOT": "/", "WATCH_SETTINGS": "false",
+           "ENGINE": "containerd", "ROUTE": "nri", "INSTALL_ARGS": " ".join(node.args()[2:])}  # fmt: skip
+    proc = subprocess.run(
+        ["sh", str(_script("install.sh", tmp_path))], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode != 0 and "--route: nri: " in proc.stderr, proc.stderr
