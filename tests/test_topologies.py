@@ -304,6 +304,40 @@ def test_privileged_mig_pod_keeps_parent_and_own_caps_only(
     assert closed(rep, host) == host.accelerators() - {host.gpu(host.mig_parent), *host.mig_caps(0)}
 
 
+@pytest.mark.parametrize("inventory", [True, False], ids=["inventory", "driver-caps"])
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_privileged_mig_pod_loses_another_instances_caps_the_host_has_no_node_of(
+    topology: str, inventory: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The other instance's GI/CI caps exist (the driver's capability files) but their
+    /dev/nvidia-caps nodes were never made: a privileged MIG pod keeps the caps major for its own
+    instance, and could make the other's node and open it (issue 36 item 5)."""
+    host = Node(tmp_path / "node", topology)
+    other = host.mig_caps(1)
+    for _t, _major, minor in other:
+        (host.root / f"dev/nvidia-caps/nvidia-cap{minor}").unlink()
+    if not inventory:
+        host.inventory.unlink()  # the caps come from the driver root itself
+    mig = host.spec.migs[0]
+    gone = {f"/dev/nvidia-caps/nvidia-cap{k[2]}" for k in other}
+    cfg = config(
+        privileged=True,
+        devices=[d for d in host.host_devices() if d["path"] not in gone],  # the engine put in what /dev had
+        annotations={"cdi.k8s.io/nvidia-device-plugin_x": f"nvidia.com/gpu={mig.uuid}"},
+    )
+    if not inventory:
+        bundle = write_bundle(tmp_path / "bundle", cfg)
+        (tmp_path / "ckpt").write_bytes(b"")
+        args = ["--driver-root", str(host.root), "--cdi-spec-dir", str(host.cdi)]
+        args += ["--config", str(settings_file(tmp_path, kubelet_checkpoint=str(tmp_path / "ckpt")))]
+        rc, rep, _err = simulate(bundle, *args, capsys=capsys)
+    else:
+        rc, rep = host.decide(tmp_path, cfg, capsys, cdi=True)
+    assert (rc, rep["verdict"]) == (0, "apply"), rep["reason"]
+    assert denied_among(rep, set(other)) == set(other), rep["cgroup"]
+    assert not denied_among(rep, set(host.mig_caps(0)))
+
+
 def test_privileged_checkpoint_allocation_by_uuid(
     host: Node, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -107,16 +107,25 @@ class HostClasses:
     drm_major: int | None = None  # /proc/devices' "drm"
     foreign: frozenset[Key] = frozenset()  # DRM nodes sysfs puts on another vendor's device
     gpu_minors: frozenset[int] = frozenset()  # every GPU the driver lists, whether /dev has its node or not
+    cap_minors: frozenset[int] = frozenset()  # every MIG capability that exists (config, monitor, GI, CI)
 
     def gpu_nodes(self) -> tuple[Node, ...]:
-        """A node for every GPU the driver lists (``/dev/nvidia<minor>``): one the host has not
-        made yet is still one a container holding CAP_MKNOD can make, so narrowing denies it too."""
+        """A node for every GPU the driver lists and every MIG capability that exists
+        (``/dev/nvidia<minor>``, ``/dev/nvidia-caps/nvidia-cap<minor>``): one the host has not made
+        yet is still one a container holding CAP_MKNOD can make, so narrowing denies it too."""
+        out = []
         major = self.majors.get("nvidia")
-        if major is None:
-            return ()
-        return tuple(
-            Node(path=f"/dev/nvidia{m}", type="c", major=major, minor=m) for m in sorted(self.gpu_minors)
-        )
+        if major is not None:
+            out += [
+                Node(path=f"/dev/nvidia{m}", type="c", major=major, minor=m) for m in sorted(self.gpu_minors)
+            ]
+        caps = self.majors.get("nvidia-caps")
+        if caps is not None:
+            out += [
+                Node(path=f"/dev/nvidia-caps/nvidia-cap{m}", type="c", major=caps, minor=m)
+                for m in sorted(self.cap_minors)
+            ]
+        return tuple(out)
 
     def classify(self, key: Key) -> tuple[ClassKind, int | None] | None:
         """The class of node ``key`` and, for a GPU or DRM node, its GPU's minor; None for a node

@@ -118,7 +118,8 @@ def inputs_for_config(
         from hook.sources.nvidia.classes import host_classes  # only where narrowing may happen
 
         scanned = frozenset(n.path for n in host)  # class nodes the scan already found are not walked again
-        classes = host_classes(opts.driver_root or Path("/"), resolver.loaded_inventory, scanned)
+        mig = any("nvidia-caps/" in g.node.path for gs in grants.values() for g in gs)
+        classes = host_classes(opts.driver_root or Path("/"), resolver.loaded_inventory, scanned, mig)
     return Inputs(
         container_id=container_id,
         config=config,

@@ -120,3 +120,38 @@ def test_mig_on_index_2_keeps_minor_6_and_its_caps(bundle_dir: Path, node, cgrou
         f"/dev/nvidia-caps/nvidia-cap{sib}": "ENOENT",
         "/tmp/sib": "EPERM",
     }
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_a_sibling_instances_caps_with_no_host_node_stay_denied(
+    bundle_dir: Path, node, cgroup2: bool
+) -> None:
+    """Issue 36 item 5: the sibling MIG instance's GI/CI caps exist (the driver's capability files)
+    but the host never made their /dev/nvidia-caps nodes; the MIG pod keeps the caps major for its
+    own instance, and a node of the sibling's made in its rootfs opened (ENXIO) before the fix."""
+    spec: HostSpec = node["spec"]
+    mig, sibling = spec.migs
+    sib = [
+        cap_minor(sibling.parent_minor, sibling.gi),
+        cap_minor(sibling.parent_minor, sibling.gi, sibling.ci),
+    ]
+    for minor in sib:
+        (node["root"] / f"dev/nvidia-caps/nvidia-cap{minor}").unlink()
+    gi = cap_minor(mig.parent_minor, mig.gi)
+    b = _privileged(
+        bundle_dir,
+        node,
+        ["NVIDIA_VISIBLE_DEVICES=2:0", "CUDA_DEVICE_MEMORY_LIMIT_0=1g"],
+        ["/tmp/gi", "/tmp/sib-gi", "/tmp/sib-ci"],
+        plant=[
+            ("/tmp/gi", spec.caps_major, gi),
+            *((f"/tmp/sib-{n}", spec.caps_major, m) for n, m in zip(("gi", "ci"), sib, strict=True)),
+        ],
+    )
+    b.config["linux"]["devices"] = [
+        d for d in b.config["linux"]["devices"] if d["minor"] not in sib or d["major"] != spec.caps_major
+    ]
+    b.write()
+    res = run_container(b, cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    assert parse_probe(res.stdout) == {"/tmp/gi": "ENXIO", "/tmp/sib-gi": "EPERM", "/tmp/sib-ci": "EPERM"}

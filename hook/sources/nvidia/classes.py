@@ -140,13 +140,35 @@ def read_classes(
     return replace(shell, nodes=tuple(nodes))
 
 
+def _cap_minors(root: Path, inventory: Inventory | None, mig: bool) -> frozenset[int]:
+    """Minors of every MIG capability that exists: the inventory's table, or for a container
+    granted a MIG instance (``mig``: it keeps the caps major) the driver's own; a table that
+    cannot be read leaves these to the host's nodes, as before."""
+    table = inventory.caps if inventory is not None else None
+    if table is None and mig:
+        from hook.core.errors import InputError
+        from hook.sources.nvidia.procfs import read_cap_table
+
+        try:
+            table = read_cap_table(root)[0]
+        except (InputError, OSError, ValueError):
+            return frozenset()
+    if table is None:
+        return frozenset()
+    found = [c.minor for c in (table.config, table.monitor) if c is not None]
+    return frozenset([*found, *(c.minor for c in table.gi.values()), *(c.minor for c in table.ci.values())])
+
+
 def host_classes(
-    root: Path, inventory: Inventory | None = None, skip: frozenset[str] = frozenset()
+    root: Path, inventory: Inventory | None = None, skip: frozenset[str] = frozenset(), mig: bool = False
 ) -> HostClasses:
     """``read_classes``; where the driver root has no ``/proc/devices`` names (a simulation from an
-    ``--inventory`` snapshot), the snapshot's majors name the classes it knows."""
+    ``--inventory`` snapshot), the snapshot's majors name the classes it knows. ``mig``: the
+    container was granted a MIG capability node, so every existing capability's minor is read."""
     gpus = {g.pci_bus_id: g.minor for g in inventory.gpus} if inventory is not None else None
     found = read_classes(root, gpus or None, skip)
+    if found.majors and "nvidia-caps" in found.majors:
+        found = replace(found, cap_minors=_cap_minors(root, inventory, mig))
     if found.majors or inventory is None:
         return found
     m = inventory.majors
