@@ -167,6 +167,8 @@ def test_package_removal_leaves_pass_throughs_and_purge_removes_them_when_no_tas
     # (its handlers may start a container through them): the package's postrm, on a node procfs
     # whose containerd started an hour ago
     _fake_proc(root / "proc", time.time() - 3600)
+    (root / "run/systemd/system").mkdir(parents=True)  # the node booted with systemd
+    (root / "var/lib/oci-device-hook/decider.key").write_bytes(b"k" * 32)  # the first hook serve's
     control = tmp / "control"
     subprocess.run(["dpkg-deb", "-e", str(world["deb"]), str(control)], check=True)
     shutil.copy2(control / "postrm", root / "postrm")
@@ -176,6 +178,13 @@ def test_package_removal_leaves_pass_throughs_and_purge_removes_them_when_no_tas
     assert proc.returncode == 0, proc.stderr
     assert f"kept the pass-through(s) {nvidia_shim} {runc_shim}" in proc.stderr
     assert PASS_MARK in (root / runc_shim.lstrip("/")).read_text()
+    # issue 37 item 4: the key goes; a cleanup stays with the shims, run after containerd starts
+    assert not (root / "var/lib/oci-device-hook/decider.key").exists()
+    units = root / "etc/systemd/system"
+    unit = (units / "oci-device-hook-cleanup.service").read_text()
+    assert f"ExecStart=/bin/sh {LIBEXEC}/cleanup" in unit and "After=containerd.service" in unit
+    for wants in ("containerd.service.wants", "k3s.service.wants", "multi-user.target.wants"):
+        assert (units / wants / "oci-device-hook-cleanup.service").is_symlink(), wants
     # once containerd has restarted: b still runs, so its pass-through stays; a's goes
     _fake_proc(root / "proc", time.time() + 5)
     proc = _dpkg(root, "-P", PKG)
@@ -188,6 +197,15 @@ def test_package_removal_leaves_pass_throughs_and_purge_removes_them_when_no_tas
     calls = (tmp / "nvidia.calls").read_text().splitlines()
     assert any(ln.split()[-2:] == ["delete", b] for ln in calls), calls  # NVIDIA's runtime, to the end
     assert not daemon.shims()
+    # no task names the last one: the cleanup (as its unit runs it) leaves nothing the package made
+    cleanup = ["chroot", str(root), "/bin/sh", f"{LIBEXEC}/cleanup"]
+    proc = subprocess.run(cleanup, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for gone in (LIBEXEC, "/var/lib/oci-device-hook", "/etc/oci-device-hook", "/run/oci-device-hook",
+                 "/etc/systemd/system/oci-device-hook-cleanup.service",
+                 "/etc/systemd/system/containerd.service.wants"):  # fmt: skip
+        assert not (root / gone.lstrip("/")).exists(), gone
+    assert not list((root / "etc/systemd/system").rglob("oci-device-hook*"))
 
 
 def _fake_proc(proc: Path, started: float) -> None:
