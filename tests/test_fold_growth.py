@@ -125,3 +125,26 @@ def test_normalize_work_grows_no_faster_than_the_rules() -> None:
 
     small, big = (sum(lines_run(lambda n=n: normalize(plan(n))).values()) for n in (SMALL, BIG))
     assert big / small <= 2 * (BIG + 1) / (SMALL + 1), (small, big)
+
+
+def test_one_decision_builds_the_config_nodes_and_the_container_facts_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decide, its narrowing and the report all ask for the config's nodes and the container's
+    facts: a record per device each time, on a big node hundreds; one decision builds each once."""
+    from hook.core import decide as decide_module
+
+    monkeypatch.setattr(settingsfile, "FASTPATH_CACHE", tmp_path / "fastpath.json")
+    built: Counter[str] = Counter()
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(arg: Any) -> Any:
+            built[name] += 1
+            return fn(arg)
+
+        return decide_module._memo_last(call)
+
+    monkeypatch.setattr(decide_module, "_config_nodes", counted("nodes", decide_module._nodes_of))
+    monkeypatch.setattr(decide_module, "_facts", counted("facts", decide_module._container_facts))
+    _node(tmp_path, SMALL, 0)  # the node's first decision, then the one counted in lines: two of each
+    assert built == {"nodes": 2, "facts": 2}

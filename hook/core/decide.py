@@ -7,7 +7,7 @@ what the container asked for, what it may have, and what the engine already gave
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hook.core.devclasses import HostClasses
 from hook.core.hostdev import HOST_DEV, shared_mount
@@ -26,6 +26,10 @@ from hook.core.requests import (
 from hook.core.rules import Access, DeviceType, Rule, Verdicts
 from hook.core.scope import MGMT_ENV, PROBE_MINOR, Grant, Scope, narrowing_scope, whole_majors
 from hook.core.settings import MigManagement, Policy, Settings
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
 
@@ -57,12 +61,32 @@ def _key(node: Node) -> tuple[str, int, int]:
     return (node.type, node.major, node.minor)
 
 
-def _config_nodes(config: OciConfig) -> tuple[Node, ...]:
+def _memo_last(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn`` remembering its last argument (by identity: frozen, and held, so its id is never
+    another's) and result. A decision asks for the config's nodes and the container's facts
+    more than once (decide, its narrowing, the report): on a big node, a record per device each."""
+    box: list[tuple[Any, Any] | None] = [None]
+
+    def call(arg: Any) -> Any:
+        held = box[0]
+        if held is not None and held[0] is arg:
+            return held[1]
+        result = fn(arg)
+        box[0] = (arg, result)
+        return result
+
+    return call
+
+
+def _nodes_of(config: OciConfig) -> tuple[Node, ...]:
     return tuple(
         Node(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.file_mode or 0o666)
         for d in config.devices
         if d.type in ("c", "b")
     )
+
+
+_config_nodes = _memo_last(_nodes_of)
 
 
 _RW = (Access.R | Access.W).value
@@ -81,6 +105,10 @@ def scope(inputs: Inputs, requests: Iterable[DeviceRequest]) -> Scope:
 
 
 def container_facts(inputs: Inputs) -> Facts:
+    return _facts(inputs)  # type: ignore[no-any-return]
+
+
+def _container_facts(inputs: Inputs) -> Facts:
     config = inputs.config
     privileged = is_privileged(config.resource_rules)
     within = scope(inputs, inputs.requests.items)
@@ -104,6 +132,9 @@ def container_facts(inputs: Inputs) -> Facts:
         widened=privileged or bool(extra),
         extra_accelerators=extra,
     )
+
+
+_facts = _memo_last(_container_facts)
 
 
 def _mgmt_refusal(inputs: Inputs, facts: Facts) -> str:
