@@ -133,6 +133,7 @@ def test_one_decision_builds_the_config_nodes_and_the_container_facts_once(
     """decide, its narrowing and the report all ask for the config's nodes and the container's
     facts: a record per device each time, on a big node hundreds; one decision builds each once."""
     from hook.core import decide as decide_module
+    from hook.core.record import last
 
     monkeypatch.setattr(settingsfile, "FASTPATH_CACHE", tmp_path / "fastpath.json")
     built: Counter[str] = Counter()
@@ -142,7 +143,7 @@ def test_one_decision_builds_the_config_nodes_and_the_container_facts_once(
             built[name] += 1
             return fn(arg)
 
-        return decide_module._memo_last(call)
+        return last(call)
 
     monkeypatch.setattr(decide_module, "_config_nodes", counted("nodes", decide_module._nodes_of))
     monkeypatch.setattr(decide_module, "_facts", counted("facts", decide_module._container_facts))

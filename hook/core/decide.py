@@ -7,14 +7,14 @@ what the container asked for, what it may have, and what the engine already gave
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from hook.core.devclasses import HostClasses
 from hook.core.hostdev import HOST_DEV, shared_mount
 from hook.core.kubelet import SANDBOX, UNTRUSTED
 from hook.core.oci import OciConfig
 from hook.core.plan import Node, Plan, Verdict
-from hook.core.record import field, record
+from hook.core.record import field, last, record
 from hook.core.requests import (
     DeviceRequest,
     Requests,
@@ -26,10 +26,6 @@ from hook.core.requests import (
 from hook.core.rules import Access, DeviceType, Rule, Verdicts
 from hook.core.scope import MGMT_ENV, PROBE_MINOR, Grant, Scope, narrowing_scope, whole_majors
 from hook.core.settings import MigManagement, Policy, Settings
-
-TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
 
@@ -61,23 +57,6 @@ def _key(node: Node) -> tuple[str, int, int]:
     return (node.type, node.major, node.minor)
 
 
-def _memo_last(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``fn`` remembering its last argument (by identity: frozen, and held, so its id is never
-    another's) and result. A decision asks for the config's nodes and the container's facts
-    more than once (decide, its narrowing, the report): on a big node, a record per device each."""
-    box: list[tuple[Any, Any] | None] = [None]
-
-    def call(arg: Any) -> Any:
-        held = box[0]
-        if held is not None and held[0] is arg:
-            return held[1]
-        result = fn(arg)
-        box[0] = (arg, result)
-        return result
-
-    return call
-
-
 def _nodes_of(config: OciConfig) -> tuple[Node, ...]:
     return tuple(
         Node(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.file_mode or 0o666)
@@ -86,7 +65,7 @@ def _nodes_of(config: OciConfig) -> tuple[Node, ...]:
     )
 
 
-_config_nodes = _memo_last(_nodes_of)
+_config_nodes = last(_nodes_of)  # decide, its narrowing and the report ask: built once
 
 
 _RW = (Access.R | Access.W).value
@@ -105,7 +84,7 @@ def scope(inputs: Inputs, requests: Iterable[DeviceRequest]) -> Scope:
 
 
 def container_facts(inputs: Inputs) -> Facts:
-    return _facts(inputs)  # type: ignore[no-any-return]
+    return _facts(inputs)
 
 
 def _container_facts(inputs: Inputs) -> Facts:
@@ -134,7 +113,7 @@ def _container_facts(inputs: Inputs) -> Facts:
     )
 
 
-_facts = _memo_last(_container_facts)
+_facts = last(_container_facts)
 
 
 def _mgmt_refusal(inputs: Inputs, facts: Facts) -> str:

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost); mypy sees the real ones
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, TypeVar, dataclass_transform, overload
 
     T = TypeVar("T")
+    A = TypeVar("A")
+    R = TypeVar("R")
 else:
 
     def dataclass_transform(**_kwargs):
         return lambda f: f
 
 
-__all__ = ["FrozenInstanceError", "Field", "asdict", "field", "fields", "record", "replace"]
+__all__ = ["FrozenInstanceError", "Field", "asdict", "field", "fields", "last", "record", "replace"]
 
 _MISSING: Any = object()
 
@@ -183,3 +186,23 @@ def asdict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: asdict(v) for k, v in obj.items()}
     return obj
+
+
+def last(fn: Callable[[A], R]) -> Callable[[A], R]:
+    """``fn``, remembering its last argument and result: one decision asks some things of the same
+    container more than once (decide, its narrowing, the report), and on a big node the answer is a
+    record per device. The argument is a frozen value, compared by identity and held with the
+    result, so its id never passes to another while remembered; one slot, so memory stays one
+    result; the decider's threads may compute a value twice, never see another's. (Here, not in a
+    module of its own: the in-process path loads this one already.)"""
+    box: list[tuple[A, R]] = []
+
+    def call(arg: A) -> R:
+        held = box[-1] if box else None
+        if held is not None and held[0] is arg:
+            return held[1]
+        result = fn(arg)
+        box[:] = [(arg, result)]
+        return result
+
+    return call
