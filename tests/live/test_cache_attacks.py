@@ -1,13 +1,16 @@
-"""Issue 36 item 1: nothing a container can write under ``/run`` chooses a decision.
+"""Issue 36 items 1 and 4: nothing a container can write (or read) under ``/run`` chooses a decision.
 
-A uid-0 container with the host's ``/run`` mounted read-write rewrites the hook's own records in
-``/run/oci-device-hook`` between two starts of a privileged pod, in one private host view (tmpfs
-over ``/run``, ``/var/log`` and the key dir). The first design trusted those records by ownership
-alone: a rewritten compiled-settings entry (its key copied from the record itself) switched the
-pod's policy to ``audit`` and it kept every GPU; a rewritten spec body in ``cdi-cache.json`` (its
-CRC fixed up) gave a pod allocated GPU 0 another device too. Each record now carries the
-node key's MAC (and the settings record the settings file's content digest): the forged record is
-ignored, and the pod is narrowed exactly as before the attack.
+Each attack runs in one private host view (tmpfs over ``/run``, ``/var/log`` and the key dir) with
+real runc containers. Item 1, a uid-0 container with the host's ``/run`` read-write rewrites the
+hook's own records in ``/run/oci-device-hook`` between two starts of a privileged pod: the first
+design trusted them by ownership alone, so a rewritten compiled-settings entry (its key copied from
+the record itself) switched the pod's policy to ``audit`` and it kept every GPU, and a rewritten
+spec body in ``cdi-cache.json`` (its CRC fixed up) gave a pod allocated GPU 0 another device too.
+Each record now carries the node key's seal (the settings entry also the settings file's digest):
+the forged record is ignored, and the pod is narrowed as before the attack. The log never rotates a
+host file the settings name. Item 4, a container with the host's ``/run`` read-only copied the
+precreate marker's key from there and made a marker the prestart hook believed; the key is now the
+node key, outside ``/run``, and the marker binds the container.
 """
 
 from __future__ import annotations
