@@ -90,9 +90,13 @@ def running(proc: Path) -> list[Source]:
     return found
 
 
+START_SLACK = 1.0  # /proc/stat's btime is whole seconds, rounded down: a start reads up to 1 s early
+
+
 def started_at(proc: Path, pid: str) -> float:
     """When process ``pid`` started, in epoch seconds (boot time plus its ``starttime`` in clock
-    ticks, USER_HZ 100 as Linux exports it); 0 where ``proc`` cannot tell."""
+    ticks, USER_HZ 100 as Linux exports it), up to ``START_SLACK`` early; 0 where ``proc`` cannot
+    tell. A file changed within the slack after it is not judged newer (no false alarm)."""
     try:
         boot = re.search(r"^btime (\d+)$", (proc / "stat").read_text(), re.M)
         line = (proc / pid / "stat").read_text()

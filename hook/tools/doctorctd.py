@@ -190,8 +190,8 @@ def _judged(daemons: list[ctdprocess.Source], proc: Path, host_root: Path) -> tu
     addressed = [(d, _address(d, host_root)) for d in daemons]
     serving = [d for d, a in addressed if a == socket]
     src = serving[0] if serving else daemons[0]
-    if len(daemons) == 1 and serving:
-        return src, ""
+    if len(daemons) == 1 and (serving or not how.startswith("the kubelet")):
+        return src, ""  # the only one, and no kubelet that names another socket
     which = (
         f", the one serving the node's CRI socket {socket} ({how})"
         if serving
@@ -215,7 +215,7 @@ def _changed_since(config: Path, started: float) -> str:
         newest = max((os.stat(f.path).st_mtime, f.path) for f in files if f.exists)
     except Exception:  # check_containerd judged the files; an unreadable one is reported there
         return ""
-    if newest[0] <= started:
+    if newest[0] <= started + ctdprocess.START_SLACK:
         return ""
     import time
 

@@ -55,7 +55,7 @@ def _restart_needed(node: Node, root: str, paths: list[str]) -> str:
     for daemon in ctdprocess.running(proc):
         if daemon.config.rsplit("/", 1)[0] != here or not daemon.started:
             continue
-        if daemon.started < newest[0]:
+        if daemon.started + ctdprocess.START_SLACK < newest[0]:
             return f"{newest[1]} changed after containerd ({daemon.where}) started: restart needed"
     return ""
 

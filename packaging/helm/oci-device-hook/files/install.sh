@@ -20,9 +20,26 @@ if [ -f "$settings" ]; then
 else
   "$installer" install "$@"
 fi
+state=${POD_STATE:-/run/pod}
+# Drift: register again where another tool (the GPU operator's toolkit) rewrote containerd's
+# config (`installer repair` logs each repair), then keep the verdict in $state/registration.json:
+# the readiness probe (ready only while containerd runs the hook for every handler) and the
+# metrics container (oci_device_hook_registered) read it. A change of verdict is logged once.
+drift() {
+  [ -d "$state" ] || return 0  # no pod state dir (run by hand): nothing to keep it in
+  "$installer" repair "$@" || true
+  "$installer" status --check "$@" --write "$state/registration.json" >/dev/null 2>"$state/drift.new" || true
+  if ! cmp -s "$state/drift.new" "$state/drift.last" 2>/dev/null; then
+    if [ -s "$state/drift.new" ]; then cat "$state/drift.new" >&2
+    else echo "install.sh: registered: containerd runs the hook for every handler (no drift)" >&2; fi
+  fi
+  mv -f "$state/drift.new" "$state/drift.last"
+}
+drift "$@"
 [ "${WATCH_SETTINGS:-true}" = true ] || exit 0
 while sleep "${SETTINGS_POLL_SECONDS:-60}"; do
   # uninstall.sh (preStop) is undoing the install: re-applying now would undo the uninstall
-  [ -e "${POD_STATE:-/run/pod}/uninstalling" ] && continue
+  [ -e "$state/uninstalling" ] && continue
   if [ -f "$settings" ]; then "$installer" settings "$@" --settings "$settings" || true; fi
+  drift "$@"
 done

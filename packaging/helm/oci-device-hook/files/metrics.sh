@@ -14,6 +14,8 @@ else
   set -- metrics --textfile "${TEXTFILE:-/var/lib/node_exporter/textfile_collector}"
 fi
 [ -f "$settings" ] && set -- "$@" --config "$settings"
+# install.sh's drift verdict (oci_device_hook_registered); absent until its first check
+[ -d "${POD_STATE:-/run/pod}" ] && set -- "$@" --registration "${POD_STATE:-/run/pod}/registration.json"
 for loader in "$dir"/python/lib/ld-linux*.so* "$dir"/python/lib/ld64.so*; do
   [ -x "$loader" ] && break
 done
