@@ -84,9 +84,11 @@ def test_keeps_lists_every_allow_rule_that_still_opens_a_device(
     """A major whose rules still open minors no node names is in ``keeps`` (minor null, path "*")."""
     cfg = privileged_pod()
     rep = run(tmp_path, node, cfg, capsys, ckpt=allocation())
-    wildcards = {e["major"] for e in rep["keeps"] if e["minor"] is None}
+    wildcards = {e["major"] for e in rep["keeps"] if e["minor"] is None and e["major"] is not None}
     assert wildcards == {m for m in CLASS_MAJORS if opens(cfg, rep, m, NO_NODE)}, rep["keeps"]
     assert all(e["path"] == "*" and e["access"] == "rwm" for e in rep["keeps"] if e["minor"] is None)
+    # the allow-all still opens every device of no class, char and block: one entry each
+    assert {e["type"] for e in rep["keeps"] if e["major"] is None} == {"c", "b"}
     nodes = {(e["major"], e["minor"]) for e in rep["keeps"] if e["minor"] is not None}  # its /dev's
     assert nodes == {(SPEC.nvidia_major, GPUS[2].minor), (SPEC.nvidia_major, 255), (SPEC.uvm_major, 0)}
 

@@ -76,8 +76,21 @@ def _keeps(inputs: Inputs, plan: Plan) -> list[dict[str, Any]]:
         access = _access(rules, Node(path="", type="c", major=major, minor=PROBE_MINOR))
         if "r" in access or "w" in access:
             out.append({"path": "*", "type": "c", "major": major, "minor": None, "access": access})
-    out.sort(key=lambda e: (e["major"], PROBE_MINOR if e["minor"] is None else e["minor"], e["path"]))
+    # a type-wide allow (a privileged container's allow-all) still opening devices of no class
+    for kind in (DeviceType.CHAR, DeviceType.BLOCK):
+        access = _access(rules, Node(path="", type=str(kind), major=_NO_MAJOR, minor=PROBE_MINOR))
+        if "r" in access or "w" in access:
+            out.append({"path": "*", "type": str(kind), "major": None, "minor": None, "access": access})
+
+    def order(e: dict[str, Any]) -> tuple[int, int, str, str]:
+        major = _NO_MAJOR + 1 if e["major"] is None else e["major"]
+        return (major, PROBE_MINOR if e["minor"] is None else e["minor"], e["type"], e["path"])
+
+    out.sort(key=order)
     return out
+
+
+_NO_MAJOR = (1 << 12) - 1  # a major no driver registers (majors are 12 bits): "any other device"
 
 
 def _kubernetes(inputs: Inputs) -> dict[str, Any] | None:
@@ -185,8 +198,11 @@ def _keeps_text(report: dict[str, Any]) -> list[str]:
     out = ["keeps:"]
     for n in keeps:
         whole = n["minor"] is None
-        numbers = f"{n['type']} {n['major']}:{'*' if whole else n['minor']}"
-        path = "(every minor no node names)" if whole else clean(n["path"])
+        major = "*" if n["major"] is None else n["major"]
+        numbers = f"{n['type']} {major}:{'*' if whole else n['minor']}"
+        path = clean(n["path"])
+        if whole:
+            path = "(every other device)" if n["major"] is None else "(every minor no node names)"
         out.append(f"  {path:<44} {numbers:<12} {n['access']}")
     return out
 
