@@ -12,6 +12,8 @@ installer="$src/usr/libexec/oci-device-hook/installer"
 set -- --root "$root" --src "$src" ${INSTALL_ARGS:-}
 [ -n "${ENGINE:-}" ] && set -- "$@" --engine "$ENGINE"
 [ -n "${HOOK_MODE:-}" ] && set -- "$@" --mode "$HOOK_MODE"
+[ -n "${ROUTE:-}" ] && set -- "$@" --route "$ROUTE"  # containerd: wrapper (default), nri, both
+[ "${ACCEPT_UNADJUSTED:-false}" = true ] && set -- "$@" --accept-unadjusted
 [ -n "${PREFIX:-}" ] && set -- "$@" --prefix "$PREFIX"
 [ -n "${NODE_PYTHON:-}" ] && set -- "$@" --python "$NODE_PYTHON"
 [ "${RESTART_ENGINE:-false}" = true ] && set -- "$@" --restart-engine
