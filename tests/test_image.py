@@ -30,6 +30,7 @@ from tests.test_install import (
     _stop,
     remove_scratch_cgroup,
 )
+from tests.test_teardown import FakeApi, fake_api_server
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP = f"/odh-image-{os.getpid()}"
@@ -143,3 +144,37 @@ def test_the_image_installs_registers_and_uninstalls(image: tuple[Path, str], tm
     assert f"left pass-throughs to the real runtime at {node.libexec}/runtime" in stop.stderr
     assert list(node.hooks.iterdir()) == []
     assert tomllib.loads(original)  # still a valid config
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[FakeApi, str, Path]]:
+    with fake_api_server(tmp_path) as got:
+        yield got
+
+
+def test_the_image_runs_the_charts_teardown_job_as_nobody(
+    image: tuple[Path, str], api: tuple[FakeApi, str, Path], tmp_path: Path
+) -> None:
+    """Issue 37 item 4: the chart's pre-delete Job command, as the chart renders it, in the image,
+    as uid 65534 with a read-only root and its ServiceAccount token mounted where a pod has it;
+    the API server is the fake on 127.0.0.1 (the host's network namespace, loopback only)."""
+    from tests.helmlite import render_chart
+
+    store, tag = image
+    fake, url, token = api
+    docs = yaml.safe_load_all(render_chart(REPO / "packaging/helm/oci-device-hook", {"image": {"tag": "1"}},
+                                           namespace="gpu-guard")["uninstall-hook.yaml"])  # fmt: skip
+    job = next(d for d in docs if d and d["kind"] == "Job")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text(token.read_text())
+    cmd = [*_podman_cmd(store), "run", "--rm", "--read-only", "--network", "host",
+           "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+           "--user", str(c["securityContext"]["runAsUser"]), "--cgroup-parent", CGROUP,
+           "-v", f"{sa}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+           tag, *c["command"], "--api", url]  # fmt: skip
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", *cmd], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(fake.patches) == 1 and "deleting it now uninstalls every node" in res.stderr

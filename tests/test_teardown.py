@@ -4,6 +4,7 @@ server on 127.0.0.1 that plays the DaemonSet controller."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -34,8 +35,9 @@ class FakeApi:
                            "updatedNumberScheduled": updated, "numberAvailable": updated}}  # fmt: skip
 
 
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[FakeApi, str, Path]]:
+@contextlib.contextmanager
+def fake_api_server(tmp_path: Path) -> Iterator[tuple[FakeApi, str, Path]]:
+    """A fake API server on 127.0.0.1 playing the DaemonSet controller, its URL and a token file."""
     fake = FakeApi()
 
     class Handler(BaseHTTPRequestHandler):
@@ -75,6 +77,12 @@ def api(tmp_path: Path) -> Iterator[tuple[FakeApi, str, Path]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[FakeApi, str, Path]]:
+    with fake_api_server(tmp_path) as got:
+        yield got
 
 
 def test_teardown_arms_the_prestop_and_waits_for_every_pod(
