@@ -24,6 +24,7 @@ from hook.tools.install import main as imain
 from hook.tools.install import node as inode
 from hook.tools.install.state import read_record, write_record
 from tests.bundles import hook_cli, settings_file
+from tests.test_install import REPO
 from tests.test_containerd_node import CRI, NODE_CONFIG, _proc_entry, _wrapper
 
 OPERATOR_CONFIG = textwrap.dedent(f"""\
@@ -147,3 +148,19 @@ def test_hook_metrics_shows_the_registered_gauge_from_the_status_file(
     status.write_text('{"registered": {"containerd": {"bad name\\n": true, "runc": "yes"}}}')
     res = hook_cli("metrics", "--config", str(tmp_path / "settings.yaml"), "--registration", str(status))
     assert res.returncode == 0 and "oci_device_hook_registered{" not in res.stdout  # outside the shapes
+
+
+def test_the_debs_metrics_timer_keeps_the_verdict_it_reads(tmp_path: Path) -> None:
+    """The .deb's metrics service writes the verdict before each run (a failure does not stop the
+    counters: ``-``) and hands the same file to ``hook metrics --registration``; a node with nothing
+    registered with containerd is ok, with no registered series."""
+    unit = (REPO / "packaging/debian/oci-device-hook-metrics.service").read_text()
+    lines = dict(ln.split("=", 1) for ln in unit.splitlines() if ln.startswith("Exec"))
+    pre, start = lines["ExecStartPre"].split(), lines["ExecStart"].split()
+    assert pre[0] == "-/usr/libexec/oci-device-hook/installer" and pre[1:3] == ["status", "--write"]
+    assert start[1:3] == ["metrics", "--textfile"] and start[start.index("--registration") + 1] == pre[3]
+    root = tmp_path / "root"
+    root.mkdir()
+    status = tmp_path / "registration.json"
+    assert _installer(root, "status", "--check", "--write", str(status)) == 0
+    assert json.loads(status.read_text())["ok"] is True and json.loads(status.read_text())["registered"] == {}
