@@ -24,8 +24,8 @@ from hook.tools.install import main as imain
 from hook.tools.install import node as inode
 from hook.tools.install.state import read_record, write_record
 from tests.bundles import hook_cli, settings_file
-from tests.test_install import REPO
 from tests.test_containerd_node import CRI, NODE_CONFIG, _proc_entry, _wrapper
+from tests.test_install import REPO
 
 OPERATOR_CONFIG = textwrap.dedent(f"""\
     version = 2
