@@ -116,3 +116,26 @@ def test_serve_is_not_a_textfile_or_a_window(tmp_path: Path) -> None:
         cmd = _cmd(tmp_path, "--serve", "127.0.0.1:0", *extra)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert res.returncode == 1 and "--serve: not with --textfile or --since" in res.stderr, res.stderr
+
+
+def test_each_scrape_says_what_the_node_says_now(tmp_path: Path) -> None:
+    """Issue 37 items 1-2: the gauges are read at each scrape, not at start: a settings edit that
+    breaks the file turns settings_valid to 0 (the server keeps serving), the installer's verdict
+    turns registered to 0."""
+    settings = settings_file(tmp_path)
+    status = tmp_path / "registration.json"
+    status.write_text('{"ok": true, "registered": {"containerd": {"runc": true}}}')
+    proc, port = _start(tmp_path, "--serve", "127.0.0.1:0", "--registration", str(status))
+    try:
+        got = samples(_get(port)[2])
+        assert got[("oci_device_hook_settings_valid", ())] == 1
+        assert got[("oci_device_hook_registered", (("engine", "containerd"), ("handler", "runc")))] == 1
+        settings.write_text(settings.read_text() + "privileged_alocation: narrow\n")
+        status.write_text('{"ok": false, "registered": {"containerd": {"runc": false}}}')
+        status_code, _, body = _get(port)
+        got = samples(body)
+        assert status_code == 200 and got[("oci_device_hook_settings_valid", ())] == 0
+        assert got[("oci_device_hook_registered", (("engine", "containerd"), ("handler", "runc")))] == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
