@@ -23,6 +23,15 @@ from tests.hosttree import make_host_tree
 NVIDIA = 195
 
 
+@pytest.fixture(autouse=True)
+def warm_off_after() -> Iterator[None]:
+    """The daemon keeps views warm process-wide (``hook.sources.warm``): off again for the next test."""
+    yield
+    from hook.sources import warm
+
+    warm.enable(False)
+
+
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
     root = tmp_path / "root"
@@ -348,3 +357,36 @@ def test_synchronize_queues_running_and_paused_containers_not_created_ones(
     ]  # created, paused, running, stopped
     plugin.call("Synchronize", f.synchronize([], listed))
     assert plugin.remembered() == 2
+
+
+def test_a_removed_containers_pod_view_is_forgotten_so_memory_stays_flat(tmp_path: Path, node: Path) -> None:
+    """The daemon keeps each pod's kubelet view warm; RemoveContainer drops it, so a node that runs
+    thousands of pods keeps none of the removed ones (bounded anyway by ``warm.MAX_SLOTS``)."""
+    from hook.routes.nri.plugin import Plugin
+    from hook.routes.nri.verdicts import Ctx
+    from hook.routes.options import Options
+    from hook.sources import warm
+
+    warm.enable()
+    plugin = Plugin(
+        Ctx(options=Options(settings_file=_settings(tmp_path, node))), lambda _a: None, lambda _s: None
+    )
+
+    def kubelet_views() -> int:
+        return sum(1 for slot in warm._slots if isinstance(slot, tuple) and slot[:1] == ("kubelet",))
+
+    for i in range(20):
+        ev = f.event(
+            f.pod(uid=f"uid-{i}", name=f"p{i}"),
+            f.container(f"{i:064x}", name=CONTAINER, rules=[f.rule(True)], devices=_gpus()),
+        )
+        assert plugin.call("CreateContainer", ev)[0] == 0
+    assert kubelet_views() == 20
+    for i in range(20):
+        plugin.call("StopContainer", f.event(f.pod(uid=f"uid-{i}"), f.container(f"{i:064x}", name=CONTAINER)))
+    assert kubelet_views() == 20  # stopped: it may start again
+    for i in range(20):
+        plugin.call(
+            "RemoveContainer", f.event(f.pod(uid=f"uid-{i}"), f.container(f"{i:064x}", name=CONTAINER))
+        )
+    assert kubelet_views() == 0

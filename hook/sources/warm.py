@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     T = TypeVar("T")
     Identity = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
 
-__all__ = ["enable", "enabled", "identity", "identities", "remembered"]
+__all__ = ["enable", "enabled", "forget", "identity", "identities", "remembered"]
 
 MAX_SLOTS = 8192  # a 64-GPU + 224-MIG node keeps ~600 (one per GPU information and capability file)
 
@@ -75,3 +75,14 @@ def remembered(slot: object, key: object, compute: Callable[[], T]) -> T:
             _slots.clear()
         _slots[slot] = (key, value)
     return value
+
+
+def forget(match: Callable[[object], bool]) -> int:
+    """Drop every slot whose key ``match`` accepts; how many. A long-lived caller forgets what will
+    not be asked again (``hook nri``: a removed container's pod view), so its memory stays flat
+    instead of growing to ``MAX_SLOTS``."""
+    with _lock:
+        gone = [slot for slot in _slots if match(slot)]
+        for slot in gone:
+            del _slots[slot]
+    return len(gone)

@@ -38,7 +38,9 @@ def with_decider(
     status = " ".join(map(_quote, [sys.executable, "-I", "-c", STATUS]))
     script = (
         f"{serve} >/dev/null 2>{_quote(str(out))}.err & d=$!\n"
-        f"{WAIT}\n" + "".join(f"{line}\n" for line in extra) + '"$@" </dev/null; rc=$?\n'
+        f"{WAIT}\n"
+        + "".join(f"{line}\n" for line in extra)
+        + '"$@" </dev/null; rc=$?\n'
         f"{status} > {_quote(str(out))}\n"
         # the decider itself too: under strace, $d is strace, which leaves it running when it goes
         f"p=$(sed -n 's/.*\"pid\": \\([0-9]*\\).*/\\1/p' {_quote(str(out))})\n"

@@ -71,7 +71,7 @@ def in_node(
     if inside:
         script += (
             f"mount -t proc proc {r}/proc\nmount --rbind /sys {r}/sys\ncd {r}\npivot_root . .oldroot\n"
-            'exec chroot . /bin/sh -c \'umount -l /.oldroot && exec "$@"\' node "$@"\n'
+            "exec chroot . /bin/sh -c 'umount -l /.oldroot && exec \"$@\"' node \"$@\"\n"
         )
     else:
         script += 'exec "$@"\n'

@@ -46,7 +46,9 @@ def precreate(host: dict[str, Path], config: dict[str, Any], env: dict[str, str]
     args = [sys.executable, "-I", "-m", "hook", "precreate", "--driver-root", str(host["root"])]
     args += ["--config", str(host["settings"]), "--cdi-spec-dir", str(host["no_cdi"])]
     cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_RUN, "sh", *args]
-    return subprocess.run(cmd, input=json.dumps(config).encode(), capture_output=True, timeout=60, env=env)
+    return subprocess.run(
+        cmd, input=json.dumps(config).encode(), capture_output=True, timeout=60, env=env
+    )
 
 
 def decided(b: Bundle, host: dict[str, Path], env: dict[str, str] | None = None) -> Bundle:

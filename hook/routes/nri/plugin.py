@@ -89,9 +89,14 @@ class Plugin:
         while len(table) > self._max:
             table.popitem(last=False)
 
-    def forget(self, container_id: str) -> None:
+    def forget(self, container_id: str, removed_from: m.Pod | None = None, name: str = "") -> None:
+        """Stop or remove: the container's own memory; remove: also the pod view a decision kept."""
         self._trims.pop(container_id, None)
         self._enforced.pop(container_id, None)
+        if removed_from is not None and removed_from.uid:
+            from hook.sources.kubelet.view import forget
+
+            forget(removed_from.uid, name)
 
     def remembered(self) -> int:
         return len(self._trims) + len(self._enforced) + len(self._late) + len(self._pods)
@@ -124,14 +129,16 @@ class Plugin:
         if method == "StartContainer":
             return self._answer(self._start(m.event(m.START_CONTAINER, payload)))
         if method in ("StopContainer", "RemoveContainer"):
-            self.forget(m.event(0, payload).container.id)
+            ev = m.event(0, payload)
+            self.forget(ev.container.id, ev.pod if method == "RemoveContainer" else None, ev.container.name)
             return 0, "", b""
         if method == "StateChange":
             ev = m.state_change(payload)
             if ev.kind == m.START_CONTAINER:
                 return self._answer(self._start(ev))
             if ev.kind in (m.STOP_CONTAINER, m.REMOVE_CONTAINER):
-                self.forget(ev.container.id)
+                removed = ev.pod if ev.kind == m.REMOVE_CONTAINER else None
+                self.forget(ev.container.id, removed, ev.container.name)
             return 0, "", b""
         if method == "Shutdown":
             return 0, "", b""

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from hook.sources.kubelet.dra import DraView
 
-__all__ = ["MAX_CHECKPOINT_BYTES", "kubelet_evidence", "kubelet_view"]
+__all__ = ["MAX_CHECKPOINT_BYTES", "forget", "kubelet_evidence", "kubelet_view"]
 
 MAX_CHECKPOINT_BYTES = 64 << 20
 
@@ -140,3 +140,12 @@ def _dra(pod: ckpt.Pod, settings: Settings, warnings: list[str]) -> DraView:
         path=path, state="read" if state.verified else "unverified", claims=dra.claims_of(state, pod.uid)
     )
 
+
+def forget(pod_uid: str, container: str) -> int:
+    """Drop the views kept for this pod's container (``hook nri`` on RemoveContainer); how many."""
+    from hook.sources import warm
+
+    def mine(slot: object) -> bool:
+        return isinstance(slot, tuple) and slot[:1] == ("kubelet",) and slot[3:5] == (pod_uid, container)
+
+    return warm.forget(mine)
