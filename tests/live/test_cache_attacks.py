@@ -233,3 +233,34 @@ def test_a_marker_precomputed_from_what_run_holds_does_not_free_the_slice_pod(
     assert "LOOKED" in outs[0].read_text() and "MARKED" in text
     want = {"/dev/nvidia1": "ENXIO", "/dev/nvidia0": "ENOENT", "/tmp/n0": "EPERM"}
     assert parse_probe(outs[1].read_text()) == want, outs[1].read_text()
+
+
+def test_a_rewritten_env_requests_gives_a_pod_without_allocation_no_gpu(tmp_path: Path) -> None:
+    """The issue's first exploit as it ran: a pod the kubelet allocated nothing, whose image asks
+    for every GPU by env, starts twice; between the starts a container with the host's /run
+    rewrites the compiled settings to ``env_requests: always``. The first design gave the second
+    pod every GPU; now the rewritten record is ignored and it gets none."""
+    from tests.bundles import checkpoint
+    from tests.hosttree import make_host_tree
+    from tests.k8s_shapes import write_cdi
+    from tests.live.test_k8s_live import GPU_NODES, PLANTED, pod
+
+    root = tmp_path / "driver-root"
+    make_host_tree(root, "4x-k8s", mknod=True)
+    node = {"root": root, "cdi": write_cdi(tmp_path / "cdi"), "tmp": tmp_path}
+    first = pod(tmp_path / "first", node, ckpt=checkpoint([]))
+    second = pod(tmp_path / "second", node, ckpt=checkpoint([]))  # the same settings bytes as the first
+    forge = (
+        f'grep -q \'"env_requests": "auto"\' {CACHE}/fastpath.json && '
+        f'sed -i \'s/"env_requests": "auto"/"env_requests": "always"/\' {CACHE}/fastpath.json && '
+        f"grep -q '\"always\"' {CACHE}/fastpath.json && echo FORGED"
+    )
+    attacker = writer(tmp_path / "attacker", forge)
+    outs = [tmp_path / n for n in ("first.out", "attacker.out", "second.out")]
+    text = in_view([runc_line(b, o) for b, o in zip((first, attacker, second), outs, strict=True)])
+    print(text, *(o.read_text() for o in outs))
+    assert "FORGED" in outs[1].read_text()
+    for out in (outs[0], outs[2]):
+        seen = parse_probe(out.read_text())
+        assert {seen[p] for p in GPU_NODES} == {"ENOENT"}, seen
+        assert {seen[p] for p in PLANTED} == {"EPERM"}, seen
