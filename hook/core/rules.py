@@ -205,12 +205,18 @@ class Verdicts:
 
     def access(self, type: DeviceType, major: int, minor: int, default_allow: bool = False) -> int:
         """The bits (``Access`` values) the rules allow on ``type major:minor``."""
-        get = self._last.get
-        keys = ((None, None), (None, minor), (major, None), (major, minor))
-        slots = [s for t in (DeviceType.ALL, type) for k in keys if (s := get((t, *k))) is not None]
-        out = 0
-        for i, bit in enumerate(_INT_BITS):
-            at, allow = max((s[i] for s in slots), default=_NOBODY)
+        get, every = self._last.get, DeviceType.ALL
+        named = (
+            get((every, None, None)), get((every, None, minor)), get((every, major, None)),
+            get((every, major, minor)), get((type, None, None)), get((type, None, minor)),
+            get((type, major, None)), get((type, major, minor)),
+        )  # fmt: skip
+        slots = [s for s in named if s is not None]
+        if not slots:
+            return 7 if default_allow else 0
+        latest = map(max, zip(*slots, strict=True)) if len(slots) > 1 else slots[0]
+        out = 0  # per bit, the latest of the naming rules (one slot: its own), else the default
+        for bit, (at, allow) in zip(_INT_BITS, latest, strict=True):
             if allow if at >= 0 else default_allow:
                 out |= bit
         return out
