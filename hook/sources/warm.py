@@ -61,8 +61,11 @@ def identities(paths: Iterable[str]) -> tuple[tuple[str, Identity | None], ...]:
     return tuple((p, identity(p)) for p in paths)
 
 
-def remembered(slot: object, key: object, compute: Callable[[], T]) -> T:
-    """``compute()``, or the value this slot holds for exactly this ``key`` (only when enabled)."""
+def remembered(
+    slot: object, key: object, compute: Callable[[], T], keep: Callable[[T], bool] | None = None
+) -> T:
+    """``compute()``, or the value this slot holds for exactly this ``key`` (only when enabled);
+    a value ``keep`` refuses (one not decided by the files the key names) is never held."""
     if not _on:
         return compute()
     with _lock:
@@ -70,6 +73,10 @@ def remembered(slot: object, key: object, compute: Callable[[], T]) -> T:
     if held is not None and held[0] == key:
         return held[1]  # type: ignore[return-value]
     value = compute()
+    if keep is not None and not keep(value):
+        with _lock:
+            _slots.pop(slot, None)
+        return value
     with _lock:
         if len(_slots) >= MAX_SLOTS and slot not in _slots:
             _slots.clear()

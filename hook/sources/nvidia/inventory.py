@@ -316,6 +316,27 @@ def load(
     if inventory_file is not None:  # the decider keeps it while the file keeps its identity
         path = inventory_file
         return warm.remembered(("inventory", str(path)), warm.identity(path), lambda: read_snapshot(path))
+    if fresh or nvml_module is not None or not warm.enabled():
+        return _load(driver_root, cache_dir, need_migs, nvml_module, fresh)
+    # a resident process keeps the whole load while everything it reads keeps its identity
+    # (hook.sources.nvidia.procid); what NVML said is not a file's, so it is never kept
+    from hook.sources.nvidia.procid import fingerprint
+
+    seen = fingerprint(str(driver_root), None if cache_dir is None else os.path.join(cache_dir, CACHE_NAME))
+    return warm.remembered(
+        ("inventory-load", str(driver_root), str(cache_dir), need_migs),
+        seen,
+        lambda: _load(driver_root, cache_dir, need_migs, None, False),
+        keep=lambda inv: inv.source != "proc+nvml",
+    )
+
+
+def _load(
+    driver_root: Path, cache_dir: Path | None, need_migs: bool, nvml_module: ModuleType | Any | None,
+    fresh: bool,
+) -> Inventory:  # fmt: skip
+    from hook.sources import warm
+
     proc = _read_proc(driver_root, cache_dir)
     key = cache_key(proc) if cache_dir is not None else None
     notes: tuple[str, ...] = ()
