@@ -164,3 +164,30 @@ def test_the_debs_metrics_timer_keeps_the_verdict_it_reads(tmp_path: Path) -> No
     status = tmp_path / "registration.json"
     assert _installer(root, "status", "--check", "--write", str(status)) == 0
     assert json.loads(status.read_text())["ok"] is True and json.loads(status.read_text())["registered"] == {}
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="the node interpreter /usr/bin/python3")
+def test_a_removed_hooks_d_file_is_drift_and_repair_writes_it_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CRI-O and podman read the hooks.d file at each container: one that is gone (or names another
+    hook) is drift for the gauge and the probe, and ``repair`` writes it again from the package tree."""
+    from tests.test_install import Node, make_tree
+
+    tree = make_tree(tmp_path / "tree")
+    node = Node(tmp_path / "node")
+    node.base.mkdir()
+    try:
+        assert node.installer("install", tree, "--engine", "hooks.d").returncode == 0
+        hooks_file = node.hooks / "oci-device-hook.json"
+        written = hooks_file.read_text()
+        assert node.installer("status", tree, "--check").returncode == 0
+        hooks_file.unlink()  # another tool's clean-up
+        got = node.installer("status", tree, "--check")
+        assert got.returncode == 1 and f"drift: {hooks_file}: gone, or no longer names" in got.stderr
+        assert json.loads(got.stdout)["drift"]["registered"] == {"hooks.d": {"oci-device-hook.json": False}}
+        got = node.installer("repair", tree)
+        assert got.returncode == 0 and f"repaired: {hooks_file}: gone" in got.stderr, got.stderr
+        assert hooks_file.read_text() == written and node.installer("status", tree, "--check").returncode == 0
+    finally:
+        node.installer("uninstall", tree)

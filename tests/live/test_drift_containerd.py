@@ -144,7 +144,7 @@ def test_the_daemonset_loop_repairs_a_rewritten_config_and_is_ready_only_while_c
     assert _dumped_binaries(node.containerd) == {"runc": wrapper, "nvidia": shim}
     daemon.start()  # containerd starts after the registration: it runs it
     assert _wait("ready", lambda: verdict().get("ok"))
-    assert verdict()["registered"] == {"containerd": {"nvidia": True, "runc": True}}
+    assert verdict()["registered"]["containerd"] == {"nvidia": True, "runc": True}
     said = _doctor(tmp, daemon, node)
     assert daemon.proc is not None and said.startswith("✓ "), said
     assert said.endswith(f"containerd runs {node.containerd} (pid {daemon.proc.pid})"), said

@@ -19,6 +19,7 @@ from typing import Any
 
 from hook.tools import ctdconfig, ctdprocess, engines
 from hook.tools.install.node import Node, read_in_root, say, sha
+from hook.tools.install.state import write_record
 
 __all__ = ["judge", "repair", "write_status"]
 
@@ -85,8 +86,25 @@ def judge(node: Node, rec: dict[str, Any]) -> dict[str, Any]:
         if stale:
             problems.append(f"{root}: registered, {stale}")
         registered.update({n: ok and not stale for n, ok in found.items()})
+    hooks = _hooks_d(node, rec, libexec, problems)
     out = {"ok": not problems, "problems": problems, "rewritten": rewritten, "time": int(time.time())}
-    return {**out, "registered": {"containerd": registered} if registered else {}}
+    engines_seen = {"containerd": registered, "hooks.d": hooks}
+    return {**out, "registered": {e: h for e, h in engines_seen.items() if h}}
+
+
+def _hooks_d(node: Node, rec: dict[str, Any], libexec: str, problems: list[str]) -> dict[str, bool]:
+    """The hooks.d files the installer wrote (CRI-O and podman read them at each container): each
+    still there and naming this install's hook, by file name; a problem line for each that is not."""
+    from hook.tools.install.hooksd import hooks_files, is_ours
+
+    found = {}
+    for path in hooks_files(rec) if rec.get("version") else []:
+        ok = is_ours(node.path(path, follow=False), libexec)
+        found[path.rsplit("/", 1)[-1]] = ok
+        if not ok:
+            why = f"gone, or no longer names {libexec}/hook (hooks.d engines do not run it)"
+            problems.append(f"{path}: {why}")
+    return found
 
 
 def repair(node: Node, rec: dict[str, Any], *, shim_all: bool) -> list[str]:
@@ -94,11 +112,11 @@ def repair(node: Node, rec: dict[str, Any], *, shim_all: bool) -> list[str]:
     The rewritten text becomes each file's new baseline: its backup is what an uninstall restores,
     so the other tool's work survives our removal."""
     from hook.tools.install.containerd import register_handlers, state_files
-    from hook.tools.install.state import write_record
 
     verdict = judge(node, rec)
+    done = _repair_hooks_d(node, rec, verdict)
     if not verdict["rewritten"]:
-        return []
+        return done
     state = rec["containerd"]
     entries = state_files(state)
     for entry in entries:
@@ -112,10 +130,27 @@ def repair(node: Node, rec: dict[str, Any], *, shim_all: bool) -> list[str]:
     write_record(node, rec)
     register_handlers(node, rec, shim_all=shim_all)
     write_record(node, rec)
-    done = [p for p in verdict["problems"] if any(p.startswith(f"{r}:") for r in verdict["rewritten"])]
-    for line in done:
+    fixed = [p for p in verdict["problems"] if any(p.startswith(f"{r}:") for r in verdict["rewritten"])]
+    for line in fixed:
         say(f"repaired: {line}; registered again")
-    return done
+    return done + fixed
+
+
+def _repair_hooks_d(node: Node, rec: dict[str, Any], verdict: dict[str, Any]) -> list[str]:
+    """The installer's hooks.d files written again where one is gone or names another hook (an
+    install's own step, with the install's mode and the package tree it runs from)."""
+    from hook.tools.install.hooksd import register_hooks_d
+
+    lost = [p for p in verdict["problems"] if "(hooks.d engines do not run it)" in p]
+    if not lost:
+        return []
+    node.opts.mode = rec.get("mode") or node.opts.mode
+    rec["hooks_files"] = register_hooks_d(node, Path(node.opts.src), rec)
+    rec["hooks_file"] = rec["hooks_files"][0]
+    write_record(node, rec)
+    for line in lost:
+        say(f"repaired: {line}; written again")
+    return lost
 
 
 def write_status(path: str, verdict: dict[str, Any]) -> None:

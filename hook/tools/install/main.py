@@ -297,8 +297,8 @@ def repair(node: Node) -> int:
     from hook.tools.install import drift
 
     rec = read_record(node)
-    if not rec.get("containerd"):
-        return 0  # nothing registered with containerd here: nothing to drift
+    if not rec.get("containerd") and not rec.get("version"):
+        return 0  # nothing the installer registered here: nothing to drift
     if rec.get("registered_only"):
         node.opts.etc = rec.get("etc") or node.opts.etc  # the shims bake the settings path in
     node.opts.libexec = rec.get("libexec") or node.opts.libexec
