@@ -313,3 +313,19 @@ def test_spec_level_allow_list_holds_its_drm_nodes_and_no_fabric_major(board: Bo
     assert not {(DRM_MAJOR, drm_card(g)) for g in board.spec.gpus if g.index != 1} & allowed
     paths = {d["path"] for d in out["linux"]["devices"]}
     assert "/dev/nvidia-nvswitchctl" not in paths and f"/dev/dri/card{drm_card(board.spec.gpus[1])}" in paths
+
+
+def test_another_gpus_drm_node_the_host_has_not_made_is_denied_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sysfs ties card/renderD numbers to GPU 0 but udev never made the nodes: the pod keeps the
+    drm major for its own card (and the BMC's), so GPU 0's numbers are denied exactly (issue 36
+    item 5: a privileged container holding CAP_MKNOD could make them)."""
+    board = Board(tmp_path / "node")
+    for key in board.drm(0):
+        name = f"card{key[2]}" if key[2] < 128 else f"renderD{key[2]}"
+        (board.root / "dev/dri" / name).unlink()
+    rep = board.decide(tmp_path, slice_pod(board, 1), capsys)
+    assert rep["verdict"] == "apply", rep["reason"]
+    assert denied_among(rep, board.drm(0)) == board.drm(0)
+    assert not denied_among(rep, board.drm(1) | {board.bmc})

@@ -100,7 +100,7 @@ def _container_facts(inputs: Inputs) -> Facts:
         for n in (
             *inputs.host_accelerators,
             *(c.node for c in inputs.classes.nodes),
-            *inputs.classes.gpu_nodes(),
+            *inputs.classes.driver_nodes(),
         ):
             if within.narrowed(n) and _rules_open(own, n):
                 found.setdefault(_key(n), n)
@@ -197,7 +197,7 @@ def _narrowing(inputs: Inputs, within: Scope, privileged: bool) -> tuple[list[Ru
         *inputs.host_accelerators,
         *(c.node for c in inputs.classes.nodes),
         *_config_nodes(inputs.config),
-        *inputs.classes.gpu_nodes(),  # a GPU the driver lists whose node the host has not made
+        *inputs.classes.driver_nodes(),  # a GPU, cap or DRM node the driver has, made on the host or not
     ]
     rules_now = Verdicts(inputs.config.resource_rules)
     whole = {

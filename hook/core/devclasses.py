@@ -74,6 +74,7 @@ _BY_MAJOR = {
     "nvidia-nvswitch": ClassKind.NVSWITCH,
 }
 CTL_MINOR = 255  # nv.c: NV_MINOR_DEVICE_NUMBER_CONTROL_DEVICE
+_RENDER_BASE = 128  # drm_drv.c: render nodes (renderD<N>) start at DRM minor 128
 MODESET_MINOR = 254  # nvidia-modeset-linux.c: NVKMS_RDEV
 _ALWAYS = frozenset({ClassKind.CTL, ClassKind.MODESET, ClassKind.UVM})
 _MANAGEMENT = frozenset({ClassKind.NVLINK, ClassKind.NVSWITCH, ClassKind.FABRIC})
@@ -109,11 +110,21 @@ class HostClasses:
     gpu_minors: frozenset[int] = frozenset()  # every GPU the driver lists, whether /dev has its node or not
     cap_minors: frozenset[int] = frozenset()  # every MIG capability that exists (config, monitor, GI, CI)
 
-    def gpu_nodes(self) -> tuple[Node, ...]:
-        """A node for every GPU the driver lists and every MIG capability that exists
-        (``/dev/nvidia<minor>``, ``/dev/nvidia-caps/nvidia-cap<minor>``): one the host has not made
-        yet is still one a container holding CAP_MKNOD can make, so narrowing denies it too."""
-        out = []
+    def driver_nodes(self) -> tuple[Node, ...]:
+        """A node for every GPU the driver lists, every MIG capability that exists and every DRM
+        node sysfs ties to an NVIDIA GPU (``/dev/nvidia<minor>``,
+        ``/dev/nvidia-caps/nvidia-cap<minor>``, ``/dev/dri/card<N>``/``renderD<N>``): one the host
+        has not made yet is still one a container holding CAP_MKNOD can make, so narrowing denies
+        it too."""
+        out = [
+            Node(
+                path=f"/dev/dri/{'card' if k[2] < _RENDER_BASE else 'renderD'}{k[2]}",
+                type=k[0],
+                major=k[1],
+                minor=k[2],
+            )
+            for k in sorted(self.drm)
+        ]
         major = self.majors.get("nvidia")
         if major is not None:
             out += [
