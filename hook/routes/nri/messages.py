@@ -139,6 +139,23 @@ def _device(f: Fields) -> Device:
     )
 
 
+_kept_devices: dict[bytes, Device] = {}
+MAX_KEPT_DEVICES = 4096  # a 64 GPU + 224 MIG node's privileged container holds ~520
+
+
+def _device_of(raw: bytes) -> Device:
+    """The device a LinuxDevice message's bytes decode to. Kept by those bytes (a value of them
+    alone, frozen): every privileged container of a node carries the same few hundred, and a
+    container's decode is then one lookup per device. Bounded: cleared when full."""
+    found = _kept_devices.get(raw)
+    if found is None:
+        found = _device(decode(raw))
+        if len(_kept_devices) >= MAX_KEPT_DEVICES:
+            _kept_devices.clear()
+        _kept_devices[raw] = found
+    return found
+
+
 def _rule(f: Fields) -> CgroupRule:
     return CgroupRule(
         allow=f.flag(1), type=f.text(2), major=f.optional(3), minor=f.optional(4), access=f.text(5)
@@ -153,7 +170,7 @@ def _container(f: Fields | None) -> Container:
     rules: tuple[CgroupRule, ...] = ()
     cgroups_path = ""
     if linux is not None:
-        devices = tuple(_device(d) for d in linux.messages(2))
+        devices = tuple(map(_device_of, linux.raws(2)))
         resources = linux.message(3)
         if resources is not None:
             rules = tuple(_rule(r) for r in resources.messages(7))

@@ -53,6 +53,10 @@ class Fields:
         values = self._all(number, bytes)
         return bytes(values[-1]) if values else b""
 
+    def raws(self, number: int) -> list[bytes]:
+        """Every value of a repeated length-delimited field, undecoded."""
+        return [bytes(v) for v in self._all(number, bytes)]
+
     def texts(self, number: int) -> list[str]:
         return [bytes(v).decode("utf-8", "surrogateescape") for v in self._all(number, bytes)]
 
