@@ -78,7 +78,8 @@ def test_a_crio_pod_cannot_borrow_a_victims_allocation(
     """The issue's reproduction with runc: a CRI-O pod (its own UID, in namespace ``evil``) sets
     containerd's identity keys to the victim's pod and container, and asks for the victim's GPU by
     env. Before: ``/dev/nvidia3`` and ``nvidiactl`` created and allowed, the line filed under the
-    victim's namespace. Now: no trusted identity, the env is no request, no GPU."""
+    victim's namespace. Now: the pod is its own (containerd's keys are never read in a CRI-O
+    config, issue 36), the kubelet allocated it nothing, the env is no request, no GPU."""
     resp = alloc_resp(envs={"NVIDIA_VISIBLE_DEVICES": UUID2})
     victim = {
         "io.kubernetes.cri.sandbox-uid": POD_UID,
@@ -101,8 +102,9 @@ def test_a_crio_pod_cannot_borrow_a_victims_allocation(
     assert {seen[p] for p in GPU_NODES} | {seen["/dev/nvidiactl"]} == {"ENOENT"}, seen
     assert {seen[p] for p in PLANTED} == {"EPERM"}, seen
     record = json.loads((node["tmp"] / "hook.log").read_text().splitlines()[-1])
-    assert record["verdict"] == "none" and "pod" not in record, record
-    assert any(w.startswith("no trusted pod identity:") for w in record["warnings"])
+    assert record["verdict"] == "none" and record["pod"]["namespace"] == "evil", record
+    assert record["kubernetes"]["pod_uid"] == own["io.kubernetes.pod.uid"], record
+    assert any("ignored: the kubelet allocated no GPU to pod evil/" in w for w in record["warnings"]), record
 
 
 # --- item 2: -1 is a wildcard ---------------------------------------------------------------------
