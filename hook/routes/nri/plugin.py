@@ -125,17 +125,20 @@ class Plugin:
         if method == "Synchronize":
             return 0, "", self._synchronize(m.parse_sync(payload))
         if method == "CreateContainer":
-            return self._answer(self._create(m.event(m.CREATE_CONTAINER, payload)))
+            t0 = time.monotonic()  # the record's duration_ms counts decoding the request too
+            return self._answer(self._create(m.event(m.CREATE_CONTAINER, payload), t0))
         if method == "StartContainer":
-            return self._answer(self._start(m.event(m.START_CONTAINER, payload)))
+            t0 = time.monotonic()
+            return self._answer(self._start(m.event(m.START_CONTAINER, payload), t0))
         if method in ("StopContainer", "RemoveContainer"):
             ev = m.event(0, payload)
             self.forget(ev.container.id, ev.pod if method == "RemoveContainer" else None, ev.container.name)
             return 0, "", b""
         if method == "StateChange":
+            t0 = time.monotonic()
             ev = m.state_change(payload)
             if ev.kind == m.START_CONTAINER:
-                return self._answer(self._start(ev))
+                return self._answer(self._start(ev, t0))
             if ev.kind in (m.STOP_CONTAINER, m.REMOVE_CONTAINER):
                 removed = ev.pod if ev.kind == m.REMOVE_CONTAINER else None
                 self.forget(ev.container.id, removed, ev.container.name)
@@ -148,15 +151,15 @@ class Plugin:
         self.log_record(a)
         return a.code, a.message, a.payload
 
-    def _create(self, ev: m.Event) -> Answer:
-        a = on_create(ev.pod, ev.container, self.ctx)
+    def _create(self, ev: m.Event, t0: float) -> Answer:
+        a = on_create(ev.pod, ev.container, self.ctx, t0)
         if a.code == 0 and a.trims:
             self._remember(self._trims, ev.container.id, a.trims)
         return a
 
-    def _start(self, ev: m.Event) -> Answer:
+    def _start(self, ev: m.Event, t0: float) -> Answer:
         cid = ev.container.id
-        a = on_start(ev.pod, ev.container, self.ctx, cut=self._trims.pop(cid, ()))
+        a = on_start(ev.pod, ev.container, self.ctx, cut=self._trims.pop(cid, ()), t0=t0)
         if a.code == 0:
             self._remember(self._enforced, cid, None)
         return a

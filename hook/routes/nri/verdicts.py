@@ -137,9 +137,10 @@ def _error(
     )
 
 
-def on_create(pod: Pod, c: Container, ctx: Ctx) -> Answer:
-    """The CreateContainer answer (see the module rule)."""
-    t0 = time.monotonic()
+def on_create(pod: Pod, c: Container, ctx: Ctx, t0: float | None = None) -> Answer:
+    """The CreateContainer answer (see the module rule); ``t0``: when the request arrived (its
+    decoding counts in the record's ``duration_ms``)."""
+    t0 = time.monotonic() if t0 is None else t0
     settings: Settings | None = None
     try:
         settings = _settings(ctx)
@@ -172,9 +173,17 @@ def _found_narrowed(applied: Any, narrowing: Plan) -> bool:
     return changed is False if changed is not None else bool(narrowing.remove)
 
 
-def on_start(pod: Pod, c: Container, ctx: Ctx, *, late: bool = False, cut: tuple[Rule, ...] = ()) -> Answer:
+def on_start(
+    pod: Pod,
+    c: Container,
+    ctx: Ctx,
+    *,
+    late: bool = False,
+    cut: tuple[Rule, ...] = (),
+    t0: float | None = None,
+) -> Answer:
     """Check the process, decide again with its capabilities, apply what narrows (module rule)."""
-    t0 = time.monotonic()
+    t0 = time.monotonic() if t0 is None else t0
     settings: Settings | None = None
     stage = "synchronize" if late else "start"
     extra: dict[str, Any] = {"late": True} if late else {}
