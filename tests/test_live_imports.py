@@ -222,13 +222,11 @@ APPLY_HOOK = {
     "hook.adapters.apply.devpath",
 }  # fmt: skip
 V1_HOOK = {"hook.adapters.apply.cgroup_v1"}
-# cgroup v2: the eBPF builder normalizes the core's rules (enum) and raises RLIMIT_MEMLOCK.
-V2_STDLIB = {
-    "enum", "functools", "_functools", "collections", "_collections", "collections.abc", "itertools",
-    "keyword", "operator", "reprlib", "resource",
-}  # fmt: skip
+# cgroup v2: the eBPF program is built from the plan's normal list (normalized where it was
+# decided: no enum here) and loaded with RLIMIT_MEMLOCK raised.
+V2_STDLIB = {"resource"}
 V2_HOOK = {"hook.adapters.apply.cgroup_v1", "hook.adapters.apply.cgroup_v2", "hook.adapters.apply.bpf",
-           "hook.adapters.apply.bpf_sys", "hook.core.rules"}  # fmt: skip
+           "hook.adapters.apply.bpf_sys"}  # fmt: skip
 # The crun guard's gate is read where a rule crun's systemd driver could widen (one CDI GPU, no
 # runtime named by hooks.d precreate); the guard itself only where the runtime may be crun.
 GATE_HOOK = {"hook.routes.crungate"}
@@ -323,7 +321,7 @@ def test_every_route_served_loads_only_what_its_container_needs(tmp_path: Path, 
     """Issue 35 item 1: prestart, createRuntime, hooks.d precreate and the runtime wrapper, for a
     plain container, one CDI GPU and the slice pod, with the decider answering: each per-start
     process loads the interpreter's core plus the modules listed above, and no others (no yaml,
-    json, re, pathlib, enum on cgroup v1, no crun guard with runc)."""
+    json, re, pathlib or enum, no crun guard with runc)."""
     runs = _every_route_served(tmp_path, cgroup2)
     for (route, workload), rec in runs.items():
         assert rec["rc"] == ("exec" if route == "wrapper" else 0), (route, workload, rec["rc"])

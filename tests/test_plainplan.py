@@ -90,3 +90,45 @@ def test_nodes_are_the_core_nodes() -> None:
     plan = Plan(verdict=Verdict.APPLY, reason="r", create=(node,), remove=("/dev/nvidia0",))
     assert plain(plan).create == (node,) and plain(plan).remove == ("/dev/nvidia0",)
     assert plain(plan).changes and not plain(Plan(verdict=Verdict.NONE, reason="")).changes
+
+
+def _random_rules(rng: random.Random, n: int) -> list[Rule]:
+    types, numbers = ("a", "c", "b"), (None, 0, 1, 195, 237)
+    return [
+        Rule(allow=rng.random() < 0.5, type=DeviceType(rng.choice(types)), major=rng.choice(numbers),
+             minor=rng.choice(numbers), access=Access(rng.randint(1, 7)))
+        for _ in range(n)
+    ]  # fmt: skip
+
+
+def test_the_v2_program_from_a_served_plan_is_the_core_plans() -> None:
+    """The cgroup v2 writer builds a served plan's program from its ``normal`` list as it is (no
+    ``normalize``, no enum): byte for byte the program and digest the core's rules give, with and
+    without an original program to append, and a program one path built is recognised by the other."""
+    from hook.adapters.apply import bpf
+
+    original = bpf.build_program([Rule(allow=False, type=DeviceType.CHAR, major=1, minor=3)], None, True)
+    rng = random.Random(36)
+    for _ in range(300):
+        rules = _random_rules(rng, rng.randint(1, 10))
+        plan = Plan(verdict=Verdict.APPLY, reason="", rules=tuple(rules))
+        served = from_wire(to_wire(Live(code=0, plan=plan)))
+        assert isinstance(served, Live) and served.plan is not None
+        normal = served.plan.normal  # type: ignore[union-attr]
+        assert normal == plain(plan).normal
+        assert bpf.rules_digest(normal, normalized=True) == bpf.rules_digest(rules)
+        for fallthrough, default in ((None, True), (original, False)):
+            assert bpf.build_program(normal, fallthrough, default, normalized=True) == bpf.build_program(
+                rules, fallthrough, default
+            )
+
+
+def test_a_plans_normal_list_is_the_core_normalize() -> None:
+    from hook.core.rules import normalize
+
+    rng = random.Random(37)
+    for _ in range(200):
+        rules = tuple(_random_rules(rng, rng.randint(0, 12)))
+        got = plain(Plan(verdict=Verdict.APPLY, reason="", rules=rules)).normal
+        want = plain(Plan(verdict=Verdict.APPLY, reason="", rules=normalize(rules))).rules if rules else ()
+        assert got == want

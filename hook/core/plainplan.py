@@ -6,8 +6,8 @@ numbers and access text (``rwm`` order), every node as ``Node``. Nothing here im
 (``hook.core.rules`` and ``hook.core.plan`` do): a served start that applies a plan loads neither.
 ``hook.core.plan.plain`` turns a ``Plan`` into this form (its enums read as text), and
 ``PlainRule.parse`` reads the wire's list back with the checks ``Access.parse`` and ``DeviceType``
-made (a letter they refuse is a ``ValueError``). Both cgroup writers read these values: v1 as
-they are, v2 after turning them back into ``Rule`` (its eBPF builder needs the core's).
+made (a letter they refuse is a ``ValueError``). Both cgroup writers read these values: v1 the
+rules as they are, v2 the plan's ``normal`` list (the rules normalized where they were decided).
 """
 
 from __future__ import annotations
@@ -102,6 +102,9 @@ class PlainPlan:
     remove: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
     denied: tuple[str, ...] = ()
+    # ``hook.core.rules.normalize(rules)``, made where the plan was decided: the cgroup v2 writer
+    # builds its eBPF program from it as it is (normalizing here would load enum)
+    normal: tuple[PlainRule, ...] = ()
 
     @property
     def changes(self) -> bool:

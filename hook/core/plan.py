@@ -11,7 +11,7 @@ from enum import StrEnum
 from hook.core.plainplan import Node as Node  # enum-free: the per-start apply step reads it
 from hook.core.plainplan import PlainPlan, PlainRule
 from hook.core.record import field, record
-from hook.core.rules import Rule
+from hook.core.rules import Rule, normalize
 
 __all__ = ["Verdict", "Node", "Plan", "plain"]
 
@@ -41,15 +41,20 @@ def plain(plan: Plan | PlainPlan) -> PlainPlan:
     """``plan`` as plain values (``hook.core.plainplan``: what crosses the wire and is applied)."""
     if isinstance(plan, PlainPlan):
         return plan
+
+    def rules(given: tuple[Rule, ...]) -> tuple[PlainRule, ...]:
+        return tuple(
+            PlainRule(allow=r.allow, type=str(r.type), major=r.major, minor=r.minor, access=str(r.access))
+            for r in given
+        )
+
     return PlainPlan(
         verdict=str(plan.verdict),
         reason=plan.reason,
-        rules=tuple(
-            PlainRule(allow=r.allow, type=str(r.type), major=r.major, minor=r.minor, access=str(r.access))
-            for r in plan.rules
-        ),
+        rules=rules(plan.rules),
         create=plan.create,
         remove=plan.remove,
         warnings=plan.warnings,
         denied=plan.denied,
+        normal=rules(tuple(normalize(plan.rules))) if plan.rules else (),
     )

@@ -71,11 +71,19 @@ class Spec:
     systemd_path: bool = True  # the config's linux.cgroupsPath may be the systemd driver's form
 
 
-def _plan_doc(plan: Plan | PlainPlan) -> dict[str, Any]:
+def _plan_doc(given: Plan | PlainPlan) -> dict[str, Any]:
+    from hook.core.plainplan import PlainPlan
+
+    if not isinstance(given, PlainPlan):  # the core's Plan: its rules normalized here, once
+        from hook.core.plan import plain
+
+        given = plain(given)
+    plan = given
     return {
-        "verdict": str(plan.verdict),
+        "verdict": plan.verdict,
         "reason": plan.reason,
-        "rules": [[r.allow, str(r.type), r.major, r.minor, str(r.access)] for r in plan.rules],
+        "rules": [[r.allow, r.type, r.major, r.minor, r.access] for r in plan.rules],
+        "normal": [[r.allow, r.type, r.major, r.minor, r.access] for r in plan.normal],
         "create": [n.to_json() for n in plan.create],
         "remove": list(plan.remove),
         "warnings": list(plan.warnings),
@@ -97,6 +105,7 @@ def _plan(doc: dict[str, Any]) -> PlainPlan:
         verdict=doc["verdict"],
         reason=doc["reason"],
         rules=tuple(PlainRule.parse(a, t, ma, mi, acc) for a, t, ma, mi, acc in doc["rules"]),
+        normal=tuple(PlainRule.parse(a, t, ma, mi, acc) for a, t, ma, mi, acc in doc["normal"]),
         create=tuple(node(n) for n in doc["create"]),
         remove=tuple(doc["remove"]),
         warnings=tuple(doc["warnings"]),

@@ -1,8 +1,11 @@
 """Pure eBPF builder for BPF_PROG_TYPE_CGROUP_DEVICE: rules in, instruction bytes out.
 
 Rule: this module decides what the kernel program says and nothing else; it loads nothing and
-imports only struct, ``hook.core.record`` and ``hook.core.rules``. ``build_program`` and
-``hook.core.rules.evaluate`` must agree on every (type, major, minor, access) probe.
+imports only struct and ``hook.core.record``. ``build_program`` and ``hook.core.rules.evaluate`` must
+agree on every (type, major, minor, access) probe. Rules are read by their plain facts (type letter,
+numbers, access bits), so the core's ``Rule`` and the wire's ``PlainRule`` build alike; a list the
+caller says is ``normalized`` already (a served plan's, normalized where it was decided) is used as
+it is, and only other lists load ``hook.core.rules.normalize`` (and ``enum`` with it).
 
 Program layout (the ctx is ``struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor}``)::
 
@@ -27,11 +30,15 @@ from __future__ import annotations
 import struct
 
 from hook.core.record import record
-from hook.core.rules import Access, DeviceType, Rule, normalize
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from hook.core.plainplan import PlainRule
+    from hook.core.rules import Rule
+
+    AnyRule = Rule | PlainRule
 
 __all__ = [
     "Insn",
@@ -48,7 +55,8 @@ __all__ = [
 INSN_SIZE = 8
 MAGIC = 0x6F64686B  # "odhk": first immediate of every program this hook builds
 PROLOGUE_LEN = 8
-_DEV_TYPE = {DeviceType.BLOCK: 1, DeviceType.CHAR: 2}  # BPF_DEVCG_DEV_*
+_DEV_TYPE = {"b": 1, "c": 2}  # BPF_DEVCG_DEV_*, by the rule's type letter
+_RWM = 7
 
 # opcodes (class | size/op | source)
 LDX_W, LDX_H, LDX_B, LDX_DW = 0x61, 0x69, 0x71, 0x79
@@ -105,40 +113,45 @@ def _prologue(digest: int) -> list[Insn]:
     ]
 
 
-def _unconditional(rule: Rule) -> bool:
-    return (
-        rule.type is DeviceType.ALL
-        and rule.major is None
-        and rule.minor is None
-        and rule.access == Access.RWM
-    )
+def _unconditional(rule: AnyRule) -> bool:
+    return str(rule.type) == "a" and rule.major is None and rule.minor is None and rule.bits == _RWM
 
 
-def _block(rule: Rule, nxt: str) -> list[Insn]:
+def _block(rule: AnyRule, nxt: str) -> list[Insn]:
     """One rule; every mismatch jumps to ``nxt``. Only R0, R3 and R6 are written."""
     out: list[Insn] = []
-    if rule.type is not DeviceType.ALL:
-        out.append(Insn(JNE_K, dst=2, imm=_DEV_TYPE[rule.type], label=nxt))
+    kind, bits = str(rule.type), rule.bits
+    if kind != "a":
+        out.append(Insn(JNE_K, dst=2, imm=_DEV_TYPE[kind], label=nxt))
     if rule.major is not None:
         out.append(Insn(JNE_K, dst=4, imm=rule.major, label=nxt))
     if rule.minor is not None:
         out.append(Insn(JNE_K, dst=5, imm=rule.minor, label=nxt))
-    partial = rule.access != Access.RWM
+    partial = bits != _RWM
     if partial:  # does the rule name any pending bit? (R6 is scratch; R2 must survive)
         out += [
             Insn(MOV32_X, dst=6, src=3),
-            Insn(AND32_K, dst=6, imm=rule.access.value),
+            Insn(AND32_K, dst=6, imm=bits),
             Insn(JEQ_K, dst=6, imm=0, label=nxt),
         ]
     if rule.allow and partial:  # these bits are decided; others still need a later block
         out += [
-            Insn(AND32_K, dst=3, imm=~rule.access.value),
+            Insn(AND32_K, dst=3, imm=~bits),
             Insn(JNE_K, dst=3, imm=0, label=nxt),
         ]
     return [*out, Insn(MOV32_K, dst=0, imm=int(rule.allow)), Insn(EXIT)]
 
 
-def _rule_blocks(rules: tuple[Rule, ...]) -> tuple[list[Insn], list[int], bool]:
+def _normal(rules: Sequence[AnyRule], normalized: bool) -> Sequence[AnyRule]:
+    """``rules`` normalized (``hook.core.rules.normalize``), or as they are when they already are."""
+    if normalized:
+        return rules
+    from hook.core.rules import normalize
+
+    return normalize(rules)  # type: ignore[arg-type]  # core Rules: CgroupV2 reads plain ones back first
+
+
+def _rule_blocks(rules: Sequence[AnyRule]) -> tuple[list[Insn], list[int], bool]:
     """Blocks for normalized ``rules``, last rule first; returns (insns, block starts, ends_open)."""
     insns: list[Insn] = []
     starts: list[int] = []
@@ -160,9 +173,9 @@ def _link(insns: list[Insn], labels: dict[str, int]) -> bytes:
     return bytes(out)
 
 
-def rules_digest(rules: Sequence[Rule]) -> int:
+def rules_digest(rules: Sequence[AnyRule], normalized: bool = False) -> int:
     """A 32-bit fingerprint of the rule blocks ``build_program`` emits for ``rules``."""
-    blocks, starts, _ = _rule_blocks(normalize(rules))
+    blocks, starts, _ = _rule_blocks(_normal(rules, normalized))
     labels = {f"block-{n}": start for n, start in enumerate([*starts, len(blocks)])}
     return _fnv1a(_link(blocks, labels))
 
@@ -200,17 +213,20 @@ def check_appendable(prog: bytes) -> None:
         raise ValueError("the original program does not end in exit or jump; the dump looks truncated")
 
 
-def build_program(rules: Sequence[Rule], fallthrough: bytes | None, default_allow: bool) -> bytes:
+def build_program(
+    rules: Sequence[AnyRule], fallthrough: bytes | None, default_allow: bool, normalized: bool = False
+) -> bytes:
     """Our rules (normalized, last first), then ``fallthrough`` verbatim or ``w0 = default; exit``.
 
     ``default_allow`` only matters when ``fallthrough`` is None; R0 is always set on every path.
+    ``normalized``: ``rules`` are ``normalize``'s output already (a served plan's ``normal``).
     """
     if fallthrough is not None:
         check_appendable(fallthrough)
-    normal = normalize(rules)
+    normal = _normal(rules, normalized)
     blocks, starts, ends_open = _rule_blocks(normal)
     labels = {f"block-{n}": PROLOGUE_LEN + start for n, start in enumerate([*starts, len(blocks)])}
-    insns = _prologue(rules_digest(normal)) + blocks
+    insns = _prologue(rules_digest(normal, normalized)) + blocks
     # The appended original starts by reading the ctx through R1: nothing of ours may write it.
     if any(insn.dst in (1, 10) for insn in insns):
         raise AssertionError("builder wrote R1 or R10; the appended original program would break")

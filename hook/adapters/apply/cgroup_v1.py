@@ -219,8 +219,9 @@ class CgroupV1:
         except OSError as exc:
             raise ApplyError(target, f"write {line}", exc.strerror or str(exc)) from exc
 
-    def apply(self, rules: Iterable[AnyRule]) -> AppliedV1:
-        """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect."""
+    def apply(self, rules: Iterable[AnyRule], normalized: bool = False) -> AppliedV1:
+        """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect.
+        (``normalized`` is the v2 writer's: v1 writes the rules as they are, in any case.)"""
         rules = tuple(rules)
         before = self.read_list()
         self._saved, self._rules = before, rules

@@ -24,19 +24,19 @@ from __future__ import annotations
 import errno
 import os
 import resource
-from collections.abc import Callable, Sequence
 
 from hook.adapters.apply import bpf, bpf_sys
 from hook.adapters.apply.bpf_sys import BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE
 from hook.core.errors import ApplyError
 from hook.core.record import record
-from hook.core.rules import Access, DeviceType, Rule
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
     from os import PathLike
 
     from hook.core.plainplan import PlainRule
+    from hook.core.rules import Rule
 
 __all__ = ["AppliedV2", "CgroupV2"]
 
@@ -122,11 +122,13 @@ class CgroupV2:
     def _load(self, prog: bytes) -> int:
         return self._hold(bpf_sys.load_device_program(prog))
 
-    def _plan(self, rules: Sequence[Rule], ids: tuple[int, ...]) -> list[tuple[int | None, int]]:
+    def _plan(
+        self, rules: Sequence[Rule | PlainRule], ids: tuple[int, ...], normalized: bool
+    ) -> list[tuple[int | None, int]]:
         """(original fd or None, new fd) for every program to replace; everything loaded, nothing attached."""
         if not ids:
-            return [(None, self._load(bpf.build_program(rules, None, default_allow=True)))]
-        digest = bpf.rules_digest(rules)
+            return [(None, self._load(bpf.build_program(rules, None, True, normalized)))]
+        digest = bpf.rules_digest(rules, normalized)
         pairs: list[tuple[int | None, int]] = []
         for prog_id in ids:
             old = self._hold(bpf_sys.get_fd_by_id(prog_id))
@@ -134,23 +136,24 @@ class CgroupV2:
             if bpf.read_marker(original) == digest:
                 continue  # already ours, with these very rules
             try:
-                prog = bpf.build_program(rules, original, default_allow=False)
+                prog = bpf.build_program(rules, original, False, normalized)
             except ValueError as exc:
                 raise ApplyError(self.path, f"bpf program id {prog_id}", str(exc)) from exc
             pairs.append((old, self._load(prog)))
         return pairs
 
-    def apply(self, given: Sequence[Rule | PlainRule]) -> AppliedV2:
+    def apply(self, given: Sequence[Rule | PlainRule], normalized: bool = False) -> AppliedV2:
         """Make the cgroup's device filter "original, then ``rules``" (OCI order); verify; undo on failure.
-        The wire's plain rules (``hook.core.plainplan``) are read back into ``Rule`` for the builder."""
-        rules = [_as_rule(r) for r in given]
+        ``normalized``: the rules are ``normalize``'s output already (a served plan's ``normal``,
+        plain values: built as they are, no ``enum``); other plain rules are read back into ``Rule``."""
+        rules = list(given) if normalized else [_as_rule(r) for r in given]
         cg = self._cgroup_fd()
         before = bpf_sys.query_device_programs(cg)
         if not rules:
             return AppliedV2(self.path, before.ids, before.ids, changed=False)
         _raise_memlock()
         mode = before.flags & (BPF_F_ALLOW_MULTI | BPF_F_ALLOW_OVERRIDE) if before.ids else BPF_F_ALLOW_MULTI
-        pairs = self._plan(rules, before.ids)
+        pairs = self._plan(rules, before.ids, normalized)
         if not pairs:
             return AppliedV2(self.path, before.ids, before.ids, changed=False)
         try:
@@ -213,6 +216,8 @@ class CgroupV2:
 
 
 def _as_rule(rule: Rule | PlainRule) -> Rule:
+    from hook.core.rules import Access, DeviceType, Rule
+
     if isinstance(rule, Rule):
         return rule
     kind, access = DeviceType(rule.type), Access.parse(rule.access)

@@ -33,7 +33,7 @@ __all__ = ["AppliedInfo", "DeviceCgroup", "apply_plan", "cgroup_adapter"]
 class DeviceCgroup(Protocol):
     """What both cgroup writers offer (``CgroupV1``, ``cgroup_v2.CgroupV2``)."""
 
-    def apply(self, rules: tuple[Rule | PlainRule, ...]) -> Any: ...
+    def apply(self, rules: tuple[Rule | PlainRule, ...], normalized: bool = False) -> Any: ...
 
     def rollback(self) -> None: ...
 
@@ -123,7 +123,12 @@ def apply_plan(
         try:
             cgroup = cgroup_adapter(target)
             undos.append(("cgroup", cgroup.rollback))
-            info["program_ids"] = _program_ids(cgroup.apply(tuple(plan.rules)))
+            normal = getattr(plan, "normal", ())  # a PlainPlan's, normalized where it was decided
+            if target.version == 2 and normal:
+                applied = cgroup.apply(tuple(normal), normalized=True)
+            else:
+                applied = cgroup.apply(tuple(plan.rules))
+            info["program_ids"] = _program_ids(applied)
         except (HookError, OSError, ValueError) as exc:
             raise _fail(step, exc, undos, str(target.path)) from exc
     if plan.create or plan.remove:
