@@ -441,11 +441,12 @@ def test_an_unprivileged_pod_with_an_untrusted_state_is_not_bounded(node: Node, 
 def test_a_missing_claim_spec_refuses_the_privileged_container_with_one_line(node: Node, capsys: Any) -> None:
     node.dra.write_bytes(dra_state([gpu_claim(CLAIM_A, 2)]))  # no k8s.gpu.nvidia.com-claim_<uid>.yaml
     rc, out, err = node.simulate(privileged_pod("containerd", K8S_MINORS, {"gpus": [2]}), capsys)
-    assert rc == 1 and out == ""
-    assert err == (
-        f"hook: DRA claim ml/gpu-2 ({CLAIM_A}): {gpu_id(CLAIM_A, 2)}: no CDI spec defines this device "
-        "(the driver's claim spec is gone?): the privileged container cannot be narrowed to its claims\n"
+    line = (
+        f"DRA claim ml/gpu-2 ({CLAIM_A}): {gpu_id(CLAIM_A, 2)}: no CDI spec defines this device "
+        "(the driver's claim spec is gone?): the privileged container cannot be narrowed to its claims"
     )
+    assert rc == 1 and err == f"hook: {line}\n"
+    assert out["error"]["exit_code"] == 1 and line.endswith(out["error"]["message"])  # --format json
 
 
 def test_a_missing_claim_spec_does_not_touch_an_unprivileged_container(node: Node, capsys: Any) -> None:

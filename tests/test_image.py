@@ -103,6 +103,7 @@ def test_the_image_installs_registers_and_uninstalls(image: tuple[Path, str], tm
     original = (
         f'version = 2\nroot = "{base}/root"\nstate = "{base}/state"\n[grpc]\n  address = "{base}/c.sock"\n'
         f'[ttrpc]\n  address = "{base}/t.sock"\n'
+        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{base}/opt"\n'  # never the host's /opt
         '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
         '  runtime_type = "io.containerd.runc.v2"\n'
     )
