@@ -390,3 +390,40 @@ def test_a_removed_containers_pod_view_is_forgotten_so_memory_stays_flat(tmp_pat
             "RemoveContainer", f.event(f.pod(uid=f"uid-{i}"), f.container(f"{i:064x}", name=CONTAINER))
         )
     assert kubelet_views() == 0
+
+
+@pytest.mark.parametrize("who", ["the daemon", "init", "a host process"])
+def test_synchronize_acts_on_no_pid_a_peer_names_that_is_not_the_containers(
+    tmp_path: Path, node: Path, monkeypatch: pytest.MonkeyPatch, who: str
+) -> None:
+    """The same checks as at start hold on the Synchronize path: a listed running container whose
+    pid is the daemon's, init's or a host process's is never applied to (the apply step is not even
+    reached), and the failure is a late error record."""
+    import subprocess
+
+    from hook.adapters.apply import transaction
+    from hook.routes.nri.plugin import Plugin
+    from hook.routes.nri.verdicts import Ctx
+    from hook.routes.options import Options
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("apply_plan reached")
+
+    monkeypatch.setattr(transaction, "apply_plan", refuse)
+    host = subprocess.Popen(["sleep", "30"])
+    pid = {"the daemon": os.getpid(), "init": 1, "a host process": host.pid}[who]
+    answers: list[Any] = []
+    plugin = Plugin(
+        Ctx(options=Options(settings_file=_settings(tmp_path, node))), answers.append, lambda _s: None
+    )
+    try:
+        running = f.container(name=CONTAINER, state=3, rules=[f.rule(True)], devices=_gpus(), pid=pid)
+        plugin.call("Synchronize", f.synchronize([_pod()], [running]))
+        assert plugin.work() and not plugin.work()
+    finally:
+        host.kill()
+    (a,) = answers
+    why = {"the daemon": "it is init or the daemon itself", "init": "it is init or the daemon itself"}
+    assert a.record["verdict"] == "error" and a.record["late"] is True
+    assert why.get(who, "it shares the mount namespace of the daemon") in a.record["error"]
+    assert plugin.late_failed == 1 and plugin.late_narrowed == 0
