@@ -12,6 +12,7 @@ applied start, and ``pathlib`` would cost it ``re``, ``fnmatch``, ``urllib.parse
 from __future__ import annotations
 
 import os
+import sys
 
 from hook.core.errors import ApplyError, InputError
 from hook.core.record import record
@@ -262,12 +263,27 @@ def _in(proc: str | PathLike[str], *names: str) -> str:
     return path_text(os.path.join(os.fspath(proc), *names))
 
 
+def _own_mounts(mi_file: str) -> tuple[Mount, ...]:
+    """This process's mount table; a resident one keeps it until the kernel marks it changed
+    (``hook.adapters.apply.ownmounts``)."""
+    warm = sys.modules.get("hook.sources.warm")  # never loaded by a served start: then it is off
+
+    if warm is not None and warm.enabled() and mi_file == "/proc/self/mountinfo":
+        from hook.adapters.apply.ownmounts import kept
+
+        try:
+            return kept(mi_file, parse_mountinfo)
+        except OSError as exc:
+            raise InputError(mi_file, "", exc.strerror or str(exc)) from exc
+    return parse_mountinfo(_read(mi_file), mi_file)
+
+
 def find(pid: int, proc: str | PathLike[str] = "/proc") -> CgroupTarget:
     """The device cgroup of process ``pid``, seen through the hook's own mounts."""
     cg_file = _in(proc, str(pid), "cgroup")
     mi_file = _in(proc, "self", "mountinfo")
     lines = parse_proc_cgroup(_read(cg_file), cg_file)
-    mounts = parse_mountinfo(_read(mi_file), mi_file)
+    mounts = _own_mounts(mi_file)
     return resolve(lines, mounts, cgroup_source=cg_file, mount_source=mi_file)
 
 
@@ -296,7 +312,7 @@ def find_container(
     cg_file = _in(proc, str(pid), "cgroup")
     mi_file = _in(proc, "self", "mountinfo")
     lines = parse_proc_cgroup(_read(cg_file), cg_file)
-    mounts = parse_mountinfo(_read(mi_file), mi_file)
+    mounts = _own_mounts(mi_file)
     problem = cgroup_problem(lines, cgroup_version(mounts), cgroups_path)
     if problem:
         raise InputError(source, "pid", f"{pid} is not a container's: {problem}")

@@ -55,6 +55,31 @@ def log_answer(a: Answer) -> None:
         say(f"warning: log dropped: {problem}")
 
 
+# what a decision and a start's apply import on first use: loaded with the daemon, not inside the
+# first container's CreateContainer or StartContainer (a daemon is started once, off every path)
+PRELOAD = (
+    "hook.core.decide",
+    "hook.core.oci",
+    "hook.core.report",
+    "hook.routes.fastpath",
+    "hook.routes.gather",
+    "hook.routes.nri.target",
+    "hook.adapters.apply.transaction",
+    "hook.adapters.apply.ownmounts",
+    "hook.adapters.apply.devnodes",
+    "hook.adapters.apply.cgroup_v2",
+    "hook.adapters.log",
+    "hook.routes.logrecord",
+)
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
 def _connect(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -89,6 +114,7 @@ def run(
     from hook.sources import warm
 
     warm.enable()
+    _preload()
     plugin = Plugin(Ctx(options=options), log_answer, say)
     backoff, failing, done = MIN_BACKOFF, "", 0
     label = f"{index}-{name}"
