@@ -495,6 +495,13 @@ def test_doctor_judges_the_containerd_serving_the_kubelets_cri_socket_and_names_
     )
     said = _doctor_line(tmp_path, host, proc)
     assert said.startswith("✗ containerd: ") and "(pid 100), the one serving" in said, said
+    # the kubelet's socket is served by none (a CRI-O node beside Docker's containerd, or the node's
+    # containerd down): none of them is judged as the node's runtime; its unit's config is, as not running
+    (host / "var/lib/kubelet/config.yaml").write_text("containerRuntimeEndpoint: unix:///run/crio/crio.sock\n")
+    said = _doctor_line(tmp_path, host, proc)
+    assert said.startswith("! containerd: not running (cannot tell which config"), said
+    assert "the kubelet's CRI socket /run/crio/crio.sock (the kubelet (pid 300): " in said
+    assert "is served by none of: pid 100 on /run/docker/containerd/containerd.sock with " in said
 
 
 K3S_RENDERED = textwrap.dedent(f"""\

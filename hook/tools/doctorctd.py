@@ -130,8 +130,8 @@ def check_node(host_root: Path, proc: Path, libexec: str, given: Path | None = N
     else ``given`` or the default, saying that it cannot tell. Never ``✓`` beside a failure: a
     config no running containerd uses is a ``!`` warning when it is not registered."""
     daemons = ctdprocess.running(proc)
-    if daemons:
-        src, which = _judged(daemons, proc, host_root)
+    src, which = _judged(daemons, proc, host_root) if daemons else (None, "")
+    if src is not None:
         config = host_root / src.config.lstrip("/")
         runs = f"containerd runs {src.config} ({src.where}){which}"
         if not config.exists():
@@ -149,19 +149,21 @@ def check_node(host_root: Path, proc: Path, libexec: str, given: Path | None = N
             return Check("containerd", False, why, _RESTART), config
         return Check("containerd", check.ok, f"{check.detail}; {runs}", check.fix), config
     if given is not None:
-        return _not_running(check_containerd(given, libexec), f"no containerd process in {proc}"), given
+        how = f"no containerd process in {proc}{which}"
+        return _not_running(check_containerd(given, libexec), how), given
     unit = ctdprocess.from_unit(host_root)
     if unit is not None:
         config = host_root / unit.config.lstrip("/")
         check = check_containerd(config, libexec)
         if not config.exists():
             check = Check("containerd", False, f"{config} absent: the built-in runc handler", _FIX)
-        return _not_running(check, f"its unit {unit.where} starts it with {unit.config}"), config
+        return _not_running(check, f"its unit {unit.where} starts it with {unit.config}{which}"), config
     config = host_root / ctdprocess.likely_config(host_root).lstrip("/")
     check = check_containerd(config, libexec)
     if not config.exists():
         return check, config  # no process, no unit, no config: not a containerd node
-    how = f"cannot tell which config it would run: no process, no unit; judged {config}"
+    none = "no process" if not daemons else "none that serves the kubelet"
+    how = f"cannot tell which config it would run: {none}, no unit; judged {config}{which}"
     return _not_running(check, how), config
 
 
@@ -183,14 +185,22 @@ def _address(src: ctdprocess.Source, host_root: Path) -> str:
         return ctdprocess.DEFAULT_SOCKET
 
 
-def _judged(daemons: list[ctdprocess.Source], proc: Path, host_root: Path) -> tuple[ctdprocess.Source, str]:
+def _judged(
+    daemons: list[ctdprocess.Source], proc: Path, host_root: Path
+) -> tuple[ctdprocess.Source | None, str]:
     """The containerd that serves the CRI socket the node's kubelet uses (Docker's own, a test's or
-    k3s's beside it are not the node's runtime), and the words saying which and which others run."""
+    k3s's beside it are not the node's runtime), and the words saying which and which others run;
+    None where a kubelet names a socket no containerd serves (the node's runtime is another, or its
+    containerd is down: judged as not running)."""
     socket, how = ctdprocess.cri_socket(proc, host_root)
     addressed = [(d, _address(d, host_root)) for d in daemons]
     serving = [d for d, a in addressed if a == socket]
+    kubelet = how.startswith("the kubelet")
+    if not serving and kubelet:
+        running = ", ".join(f"{d.where} on {a} with {d.config}" for d, a in addressed)
+        return None, f"; the kubelet's CRI socket {socket} ({how}) is served by none of: {running}"
     src = serving[0] if serving else daemons[0]
-    if len(daemons) == 1 and (serving or not how.startswith("the kubelet")):
+    if len(daemons) == 1 and (serving or not kubelet):
         return src, ""  # the only one, and no kubelet that names another socket
     which = (
         f", the one serving the node's CRI socket {socket} ({how})"
