@@ -298,6 +298,9 @@ def test_a_broken_settings_file_refuses_device_containers_and_starts_the_rest(tm
     assert refused.code == 9 and str(broken) in refused.message
     assert (plain.code, plain.payload) == (0, b"")
     assert "warning:" in err and "serving with the default NRI settings" in err
+    assert daemon.returncode == 0 and err.endswith(
+        "oci-device-hook nri: stopped by SIGTERM\n"
+    )  # a stop is one line
     (rec,) = [json.loads(line) for line in (tmp_path / "hook.log").read_text().splitlines()]
     assert rec["verdict"] == "error" and str(broken) in rec["error"]  # in the log the file still names
 

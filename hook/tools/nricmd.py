@@ -72,4 +72,16 @@ def nri_cmd(
         click.echo(f"oci-device-hook: {exc}", err=True)
         raise click.exceptions.Exit(2) from None
     opts = Options(driver_root=driver_root, spec_dirs=spec_dirs, settings_file=config_file)
-    raise click.exceptions.Exit(run(sock, opts, name, index))
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(f"oci-device-hook nri: stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, stop)  # a DaemonSet's or systemd's stop: one stderr line, exit 0
+    signal.signal(signal.SIGINT, stop)
+    try:
+        code = run(sock, opts, name, index)
+    except SystemExit as exc:
+        click.echo(str(exc), err=True)
+        code = 0
+    raise click.exceptions.Exit(code)
