@@ -191,3 +191,23 @@ def test_a_removed_hooks_d_file_is_drift_and_repair_writes_it_again(
         assert hooks_file.read_text() == written and node.installer("status", tree, "--check").returncode == 0
     finally:
         node.installer("uninstall", tree)
+
+
+def test_both_manifests_probe_and_mount_the_verdict_install_sh_keeps() -> None:
+    """The installer container is ready only on the verdict install.sh writes in the pod's state
+    dir; the metrics container reads that same file (read-only), in the kustomize base and the chart."""
+    import yaml
+
+    from tests.test_chart import objects
+
+    base = yaml.safe_load((REPO / "packaging/kubernetes/daemonset.yaml").read_text())
+    for ds in (base, objects()["DaemonSet/oci-device-hook"]):
+        containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+        probe = " ".join(containers["installer"]["readinessProbe"]["exec"]["command"])
+        assert "/run/pod/registration.json" in probe and '"ok": true' in probe
+        mounts = {m["name"]: m for m in containers["metrics"]["volumeMounts"]}
+        assert mounts["pod-state"]["mountPath"] == "/run/pod" and mounts["pod-state"]["readOnly"] is True
+    scripts = next(d for d in yaml.safe_load_all((REPO / "packaging/kubernetes/configmap.yaml").read_text())
+                   if d["metadata"]["name"] == "oci-device-hook-scripts")["data"]  # fmt: skip
+    assert '--write "$state/registration.json"' in scripts["install.sh"]
+    assert '--registration "${POD_STATE:-/run/pod}/registration.json"' in scripts["metrics.sh"]
