@@ -67,8 +67,8 @@ DOMAINS: dict[str, frozenset[str]] = {
 LATE_OUTCOMES = frozenset({"narrowed", "failed"})  # late_narrowed's own outcome label
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "settings_valid": (
-        "1 when the settings file hook metrics read loads; 0 when it does not (the hook then fails "
-        "every container that asks for a device: page on it).",
+        "1 when the settings file hook metrics read loads; 0 when it does not (a node running it fails "
+        "every container that asks for a device; a DaemonSet's ConfigMap is applied to no node).",
         (),
     ),
     "build_info": ("The version of oci-device-hook that wrote these metrics (value 1).", ("version",)),
