@@ -190,3 +190,44 @@ def test_a_trickling_listener_does_not_hold_hook_precreate(tmp_path: Path) -> No
     record = json.loads((tmp_path / "hook.log").read_text().splitlines()[-1])
     assert record["decider"] == "fallback"
     assert "decider: no answer within 400 ms; decided in-process" in record["warnings"]
+
+
+def test_the_decider_drops_a_trickling_request_at_its_deadline(
+    tmp_path: Path, sockdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rule on the decider's side: anyone who can reach the socket (a container with the
+    host's /run) could hold every worker by sending a header a byte at a time (each byte restarted
+    the read timeout), and every start on the node would then decide in-process. The whole request
+    is read within ``READ_TIMEOUT``, every read waiting only for the time left."""
+    from hook.routes import serve
+
+    monkeypatch.setattr(serve, "READ_TIMEOUT", 0.5)
+    settings = settings_file(tmp_path)
+    d = serve.Decider(str(sockdir), key=wire.make_key(), opts={"--config": [str(settings)]},
+                      settings_path=str(settings))  # fmt: skip
+    d.listen()
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(sockdir / wire.SOCKET_NAME))
+        head = wire.REQUEST + (4000).to_bytes(4, "big")
+        start = time.monotonic()
+        dropped = None
+        for byte in head + b"x" * 60:  # 6.5 s of trickle at most
+            try:
+                conn.sendall(bytes([byte]))
+                conn.settimeout(0.1)
+                if conn.recv(1) == b"":
+                    dropped = time.monotonic() - start
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                dropped = time.monotonic() - start
+                break
+        conn.close()
+    finally:
+        d.close()
+        t.join(5)
+    assert dropped is not None and dropped < 1.5, dropped

@@ -30,6 +30,7 @@ __all__ = ["Answerer", "Counters"]
 HEAD_LIMIT = {wire.REQUEST: 4096}  # the header (and its MAC) is read and checked first
 LIMITS = {wire.STATE: 2 * MAX_STATE, wire.CONFIG: MAX_CONFIG, wire.FACTS: 1 << 16, wire.MAC: 64}
 MAC_LIMIT = {wire.MAC: 64}
+SEND_TIMEOUT = 5.0  # the answer's send, once the request is read (only a keyed hook gets one)
 
 
 class Counters:
@@ -57,9 +58,11 @@ class Answerer:
         self.key, self.opts, self.settings_path, self.status = key, opts, settings_path, status
         self.counters = Counters()
 
-    def handle(self, conn: socket.socket) -> None:
-        """One connection: read, check, decide, answer (or, unauthenticated, nothing at all)."""
-        got = self._request(conn)
+    def handle(self, conn: socket.socket, deadline: float | None = None) -> None:
+        """One connection: read, check, decide, answer (or, unauthenticated, nothing at all). The
+        whole request is read by ``deadline`` (``time.monotonic()``): each read waits only for the
+        time left, so a peer that trickles bytes holds a worker no longer than that."""
+        got = self._request(conn, deadline)
         if got is None:
             self.counters.add("unauthenticated")
             return
@@ -67,21 +70,24 @@ class Answerer:
         kind, payload = self.answer(header, parts)
         self.counters.add("answered" if kind == wire.ANSWER else "declined")
         proof = wire.mac(self.key, b"answer", tag, kind, payload)
+        conn.settimeout(SEND_TIMEOUT)
         conn.sendall(wire.frame(kind, payload) + wire.frame(wire.MAC, proof))
 
-    def _request(self, conn: socket.socket) -> tuple[bytes, dict[bytes, bytes], bytes] | None:
+    def _request(
+        self, conn: socket.socket, deadline: float | None = None
+    ) -> tuple[bytes, dict[bytes, bytes], bytes] | None:
         """(header, frames by kind, the request's MAC) when both MACs prove the key, else None.
         The header's MAC is checked before any frame past 4 KiB is read."""
         try:
-            kind, header = wire.read_frame(conn, HEAD_LIMIT)
+            kind, header = wire.read_frame(conn, HEAD_LIMIT, deadline)
             head = wire.frame(kind, header)
-            kind, proof = wire.read_frame(conn, MAC_LIMIT)
+            kind, proof = wire.read_frame(conn, MAC_LIMIT, deadline)
             if not wire.same(proof, wire.mac(self.key, b"head", head)):
                 return None
             body = head + wire.frame(kind, proof)
             parts: dict[bytes, bytes] = {}
             while True:
-                kind, payload = wire.read_frame(conn, LIMITS)
+                kind, payload = wire.read_frame(conn, LIMITS, deadline)
                 if kind == wire.MAC:
                     break
                 if kind in parts:

@@ -33,7 +33,7 @@ from hook.routes.answer import Answerer
 __all__ = ["Decider", "serve"]
 
 MAX_WORKERS = 64
-READ_TIMEOUT = 5.0  # a request that trickles in slower than this is dropped
+READ_TIMEOUT = 5.0  # a request not read whole within this is dropped (one deadline, every read)
 
 
 class _Stop(Exception):
@@ -124,8 +124,7 @@ class Decider:
     def _worker(self, conn: socket.socket) -> None:
         try:
             with conn:
-                conn.settimeout(READ_TIMEOUT)
-                self.answerer.handle(conn)
+                self.answerer.handle(conn, time.monotonic() + READ_TIMEOUT)
         except (OSError, ValueError):
             pass  # the client left or sent garbage: it decides in-process, nothing to do here
         except Exception as exc:  # a worker never takes the decider down
