@@ -16,7 +16,7 @@ from fnmatch import fnmatchcase
 from hook.core.devclasses import CTL_MINOR, MODESET_MINOR, ClassKind, HostClasses, Key, keeps, whole_gpus
 from hook.core.kpath import container_path
 from hook.core.plan import Node
-from hook.core.record import record, replace
+from hook.core.record import field, record, replace
 from hook.core.requests import DeviceRequest, Kind, is_accelerator
 from hook.core.rules import Access
 
@@ -59,6 +59,10 @@ class Scope:
     vendors: frozenset[str] | None
     classes: HostClasses
     patterns: Mapping[str, tuple[str, ...]]
+    # each node's ``narrowed`` answer, once per scope: a decision asks it of every candidate node
+    # several times (the whole-major probe, the denies, the report), a privileged container on a
+    # big node of ~500 nodes; a scope made by ``replace`` must be given a new one
+    answers: dict[tuple[str, int, int, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
     def vendors_of(self, node: Node) -> frozenset[str]:
         """The accelerator vendors a node belongs to: NVIDIA for a class node (a GPU's own DRM
@@ -81,6 +85,13 @@ class Scope:
 
     def narrowed(self, node: Node) -> bool:
         """An accelerator or NVIDIA-class node of a vendor in scope that this container may not keep."""
+        seen = (node.type, node.major, node.minor, node.path)  # the path: a vendor's globs read it
+        answer = self.answers.get(seen)
+        if answer is None:
+            answer = self.answers[seen] = self._narrowed(node)
+        return answer
+
+    def _narrowed(self, node: Node) -> bool:
         key = _key(node)
         if key in self.allowed:
             return False
@@ -116,7 +127,7 @@ def narrowing_scope(
         return within
     vendors = {NVIDIA for r in chosen if r.kind not in (Kind.CDI, Kind.NODE)}
     vendors |= {v for gs in groups.values() for g in gs for v in within.vendors_of(g.node)}
-    return replace(within, vendors=frozenset(vendors))
+    return replace(within, vendors=frozenset(vendors), answers={})
 
 
 # a minor no node of any class has (minors are 20 bits): it stands for "every minor no node names"
