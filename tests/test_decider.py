@@ -715,7 +715,7 @@ def test_a_request_that_breaks_the_decider_is_one_escaped_line_and_frees_its_slo
     never silent: one line on its stderr (the journal), escaped, and the slot is given back."""
     d = serve.Decider(str(sockdir), key=b"k" * 32, opts={}, settings_path="/nonexistent")
 
-    def broken(conn: socket.socket) -> None:
+    def broken(conn: socket.socket, deadline: float | None = None) -> None:
         raise RuntimeError("bad\x1b[2J\nnews")
 
     monkeypatch.setattr(d.answerer, "handle", broken)
