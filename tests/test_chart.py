@@ -194,9 +194,10 @@ def test_helm_uninstall_runs_a_pre_delete_teardown_with_least_privilege() -> Non
     weights = {k.split("/")[0]: int(v["metadata"]["annotations"]["helm.sh/hook-weight"])
                for k, v in hooks.items()}  # fmt: skip
     assert weights["Job"] > max(weights["Role"], weights["RoleBinding"], weights["ServiceAccount"])
-    (rule,) = objs["Role/oci-device-hook-teardown"]["rules"]
-    assert rule == {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["oci-device-hook"],
-                    "verbs": ["get", "patch"]}  # fmt: skip
+    ds_rule, pod_rule = objs["Role/oci-device-hook-teardown"]["rules"]
+    assert ds_rule == {"apiGroups": ["apps"], "resources": ["daemonsets"],
+                       "resourceNames": ["oci-device-hook"], "verbs": ["get", "patch"]}  # fmt: skip
+    assert pod_rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
     job = objs["Job/oci-device-hook-teardown"]["spec"]["template"]["spec"]
     (c,) = job["containers"]
     assert c["command"][1:] == ["teardown", "--daemonset", "gpu-guard/oci-device-hook", "--timeout", "600"]

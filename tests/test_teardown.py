@@ -28,11 +28,27 @@ class FakeApi:
         self.auth: set[str] = set()
 
     def ds(self) -> dict[str, Any]:
-        done = self.gets_since_patch >= self.rolls_after
-        updated = self.nodes if done or not self.patches else 1
         return {"metadata": {"generation": self.generation},
+                "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "oci-device-hook"}}},
                 "status": {"observedGeneration": self.generation, "desiredNumberScheduled": self.nodes,
-                           "updatedNumberScheduled": updated, "numberAvailable": updated}}  # fmt: skip
+                           "numberAvailable": 0}}  # fmt: skip
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Before the patch: old pods. Then one armed pod still starting, the rest old; after
+        ``rolls_after`` reads, every pod armed and running, and none ready (containerd on those
+        nodes was never restarted: the readiness probe fails, and the node must still be armed)."""
+        def pod(armed: bool, started: bool) -> dict[str, Any]:
+            env = [{"name": "UNINSTALL_ON_STOP", "value": "true" if armed else "false"}]
+            state = {"running": {}} if started else {"waiting": {"reason": "ContainerCreating"}}
+            return {"metadata": {}, "spec": {"containers": [{"name": "installer", "env": env}]},
+                    "status": {"containerStatuses": [{"name": "installer", "ready": False, "started": started,
+                                                      "state": state}]}}  # fmt: skip
+
+        if not self.patches:
+            return [pod(False, True) for _ in range(self.nodes)]
+        if self.gets_since_patch < self.rolls_after:
+            return [pod(True, False)] + [pod(False, True) for _ in range(self.nodes - 1)]
+        return [pod(True, True) for _ in range(self.nodes)]
 
 
 @contextlib.contextmanager
@@ -51,6 +67,10 @@ def fake_api_server(tmp_path: Path) -> Iterator[tuple[FakeApi, str, Path]]:
 
         def do_GET(self) -> None:
             fake.auth.add(self.headers.get("Authorization", ""))
+            selector = "app.kubernetes.io%2Fname%3Doci-device-hook"
+            if self.path == f"/api/v1/namespaces/gpu-guard/pods?labelSelector={selector}":
+                self._send(200, {"items": fake.pods()})
+                return
             if self.path != PATH or not fake.exists:
                 self._send(404, {"kind": "Status", "code": 404})
                 return
@@ -98,7 +118,7 @@ def test_teardown_arms_the_prestop_and_waits_for_every_pod(
     assert fake.auth == {"Bearer s3cret"}
     err = capsys.readouterr().err
     assert "UNINSTALL_ON_STOP=true; waiting for the rollout" in err
-    assert "3 of 3 pod(s) updated, 3 available: deleting it now uninstalls every node" in err
+    assert "3 of 3 pod(s) armed and running, 0 old, 0 starting: deleting it now uninstalls every node" in err
 
 
 def test_teardown_of_a_daemonset_that_is_not_there_is_nothing_to_do(api: tuple[FakeApi, str, Path]) -> None:
@@ -113,7 +133,8 @@ def test_teardown_fails_when_the_rollout_does_not_finish(api: tuple[FakeApi, str
     a delete that could not uninstall it."""
     fake, url, token = api
     fake.rolls_after = 10**9
-    with pytest.raises(InputError, match=r"rollout not done after 0 s \(1 of 3 pod\(s\) updated"):
+    why = r"rollout not done after 0 s \(0 of 3 pod\(s\) armed and running, 2 old, 1 starting\)"
+    with pytest.raises(InputError, match=why):
         teardown("gpu-guard", "oci-device-hook", 0.2, url, str(token), poll=0.05)
 
 

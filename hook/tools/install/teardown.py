@@ -8,8 +8,13 @@ preStop runs ``installer uninstall`` with the prefix its record names. Nothing o
 changed here. A DaemonSet that is not there is nothing to do; a rollout that does not finish in
 time is an error (one line), so ``helm uninstall`` stops before it leaves nodes registered.
 
+Done means every pod of the DaemonSet runs the armed template with its ``installer`` container
+started, not that it is ready: a node whose containerd was not restarted yet is not ready, and
+must still be uninstalled.
+
 Who can reach it: it runs in the pre-delete Job under a ServiceAccount whose Role allows ``get``
-and ``patch`` on that one DaemonSet (``resourceNames``), made and deleted with the hook.
+and ``patch`` on that one DaemonSet (``resourceNames``) and ``list`` on the namespace's pods, made
+and deleted with the hook.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from hook.core.errors import InputError
 from hook.tools.install.node import say
@@ -65,14 +71,29 @@ def _call(url: str, token: str, method: str = "GET", body: Any = None) -> dict[s
     return got if isinstance(got, dict) else {}
 
 
-def _rolled(ds: dict[str, Any], generation: int) -> tuple[bool, str]:
-    status = ds.get("status") or {}
-    want = int(status.get("desiredNumberScheduled") or 0)
-    updated = int(status.get("updatedNumberScheduled") or 0)
-    available = int(status.get("numberAvailable") or 0)
-    seen = int(status.get("observedGeneration") or 0) >= generation
-    how = f"{updated} of {want} pod(s) updated, {available} available"
-    return seen and updated >= want and available >= want, how
+def _armed(pod: dict[str, Any]) -> bool | None:
+    """True: the pod runs the armed template and its installer has started (its preStop will
+    uninstall); False: an old pod; None: armed but its installer not started yet."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    containers = (pod.get("spec") or {}).get("containers") or ()
+    spec: dict[str, Any] = next((c for c in containers if c.get("name") == "installer"), {})
+    env = {e.get("name"): e.get("value") for e in spec.get("env") or ()}
+    if env.get("UNINSTALL_ON_STOP") != "true":
+        return False
+    statuses = (pod.get("status") or {}).get("containerStatuses") or ()
+    state: dict[str, Any] = next((s for s in statuses if s.get("name") == "installer"), {})
+    return True if state.get("started") or "running" in (state.get("state") or {}) else None
+
+
+def _rolled(ds: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Every pod runs the armed template with its installer started: readiness is not asked for
+    (a node whose containerd was not restarted yet is not ready, and must still be uninstalled)."""
+    want = int((ds.get("status") or {}).get("desiredNumberScheduled") or 0)
+    states = [_armed(p) for p in pods]
+    armed, old, waiting = states.count(True), states.count(False), states.count(None)
+    how = f"{armed} of {want} pod(s) armed and running, {old} old, {waiting} starting"
+    return armed >= want and not old and not waiting, how
 
 
 def teardown(namespace: str, name: str, timeout: float, api: str = "", token_file: str = "",
@@ -94,7 +115,13 @@ def teardown(namespace: str, name: str, timeout: float, api: str = "", token_fil
         if ds is None:
             say(f"daemonset {namespace}/{name} is gone")
             return 0
-        done, how = _rolled(ds, generation)
+        seen = int((ds.get("status") or {}).get("observedGeneration") or 0) >= generation
+        labels = ",".join(f"{k}={v}" for k, v in sorted(((ds.get("spec") or {}).get("selector") or {})
+                                                         .get("matchLabels", {}).items()))  # fmt: skip
+        pods = f"{base}/api/v1/namespaces/{namespace}/pods?labelSelector={quote(labels, safe='')}"
+        listed = _call(pods, token)
+        done, how = _rolled(ds, list((listed or {}).get("items") or ()))
+        done = done and seen
         if done:
             say(f"daemonset {namespace}/{name}: {how}: deleting it now uninstalls every node")
             return 0

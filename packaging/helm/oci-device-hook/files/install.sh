@@ -29,6 +29,7 @@ state=${POD_STATE:-/run/pod}
 # metrics container (oci_device_hook_registered) read it. A change of verdict is logged once.
 drift() {
   [ -d "$state" ] || return 0  # no pod state dir (run by hand): nothing to keep it in
+  [ ! -e "$state/uninstalling" ] || return 0  # the preStop is uninstalling: never repair over it
   "$installer" repair "$@" || true
   "$installer" status --check "$@" --write "$state/registration.json" >/dev/null 2>"$state/drift.new" || true
   if ! cmp -s "$state/drift.new" "$state/drift.last" 2>/dev/null; then
