@@ -291,7 +291,24 @@ def test_the_daemonset_script_runs_hook_metrics_on_the_bundled_interpreter(
     # the .deb's way: a timer it installs but does not enable (metrics_textfile must be set first)
     units = root / "lib/systemd/system"
     service = (units / "oci-device-hook-metrics.service").read_text()
-    assert "ExecStart=/usr/libexec/oci-device-hook/hook metrics --textfile\n" in service
+    verdict = "/var/lib/oci-device-hook/registration.json"  # issue 37 item 1: kept before each run
+    assert f"ExecStartPre=-/usr/libexec/oci-device-hook/installer status --write {verdict}\n" in service
+    start = f"ExecStart=/usr/libexec/oci-device-hook/hook metrics --textfile --registration {verdict}\n"
+    assert start in service
+    # the package's own installer keeps the verdict, and metrics.sh hands the pod's copy on
+    (tmp_path / "pod").mkdir()
+    node = tmp_path / "node"
+    node.mkdir()
+    installer = root / "usr/libexec/oci-device-hook/installer"
+    kept = subprocess.run([str(installer), "status", "--write", str(tmp_path / "pod/registration.json"),
+                           "--root", str(node)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert kept.returncode == 0 and json.loads((tmp_path / "pod/registration.json").read_text())["ok"]
+    (tmp_path / "pod/registration.json").write_text('{"registered": {"containerd": {"runc": false}}}')
+    res = subprocess.run(["sh", str(script)], env={**env, "POD_STATE": str(tmp_path / "pod")},
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    got = samples((tmp_path / "textfile/oci-device-hook.prom").read_text())
+    runc = ("oci_device_hook_registered", (("engine", "containerd"), ("handler", "runc")))
+    assert res.returncode == 0 and got[runc] == 0, res.stderr
     assert "OnUnitActiveSec=1min" in (units / "oci-device-hook-metrics.timer").read_text()
     assert not list(root.rglob("timers.target.wants"))
 
