@@ -49,7 +49,9 @@ __all__ = [
     "decode",
     "disasm",
     "read_marker",
+    "rule_code",
     "rules_digest",
+    "RuleCode",
 ]
 
 INSN_SIZE = 8
@@ -117,29 +119,31 @@ def _unconditional(rule: AnyRule) -> bool:
     return str(rule.type) == "a" and rule.major is None and rule.minor is None and rule.bits == _RWM
 
 
-def _block(rule: AnyRule, nxt: str) -> list[Insn]:
-    """One rule; every mismatch jumps to ``nxt``. Only R0, R3 and R6 are written."""
-    out: list[Insn] = []
+_INSN = struct.Struct("<BBhi")
+
+
+def _block(rule: AnyRule) -> bytes:
+    """One rule's instructions, encoded; every mismatch jumps to the next block (the first byte
+    after this one). Only R0, R3 and R6 are written."""
     kind, bits = str(rule.type), rule.bits
+    ops: list[tuple[int, int, int, bool]] = []  # (opcode, dst | src << 4, imm, jumps to the next block)
     if kind != "a":
-        out.append(Insn(JNE_K, dst=2, imm=_DEV_TYPE[kind], label=nxt))
+        ops.append((JNE_K, 2, _DEV_TYPE[kind], True))
     if rule.major is not None:
-        out.append(Insn(JNE_K, dst=4, imm=rule.major, label=nxt))
+        ops.append((JNE_K, 4, rule.major, True))
     if rule.minor is not None:
-        out.append(Insn(JNE_K, dst=5, imm=rule.minor, label=nxt))
+        ops.append((JNE_K, 5, rule.minor, True))
     partial = bits != _RWM
     if partial:  # does the rule name any pending bit? (R6 is scratch; R2 must survive)
-        out += [
-            Insn(MOV32_X, dst=6, src=3),
-            Insn(AND32_K, dst=6, imm=bits),
-            Insn(JEQ_K, dst=6, imm=0, label=nxt),
-        ]
+        ops += [(MOV32_X, 6 | 3 << 4, 0, False), (AND32_K, 6, bits, False), (JEQ_K, 6, 0, True)]
     if rule.allow and partial:  # these bits are decided; others still need a later block
-        out += [
-            Insn(AND32_K, dst=3, imm=~bits),
-            Insn(JNE_K, dst=3, imm=0, label=nxt),
-        ]
-    return [*out, Insn(MOV32_K, dst=0, imm=int(rule.allow)), Insn(EXIT)]
+        ops += [(AND32_K, 3, ~bits, False), (JNE_K, 3, 0, True)]
+    ops += [(MOV32_K, 0, int(rule.allow), False), (EXIT, 0, 0, False)]
+    end = len(ops) - 1
+    pack = _INSN.pack
+    return b"".join(
+        pack(op, regs, end - i if jump else 0, _signed(imm)) for i, (op, regs, imm, jump) in enumerate(ops)
+    )
 
 
 def _normal(rules: Sequence[AnyRule], normalized: bool) -> Sequence[AnyRule]:
@@ -151,20 +155,34 @@ def _normal(rules: Sequence[AnyRule], normalized: bool) -> Sequence[AnyRule]:
     return normalize(rules)  # type: ignore[arg-type]  # core Rules: CgroupV2 reads plain ones back first
 
 
-def _rule_blocks(rules: Sequence[AnyRule]) -> tuple[list[Insn], list[int], bool]:
-    """Blocks for normalized ``rules``, last rule first; returns (insns, block starts, ends_open)."""
-    insns: list[Insn] = []
-    starts: list[int] = []
-    for n, rule in enumerate(reversed(rules)):
-        starts.append(len(insns))
-        insns += _block(rule, f"block-{n + 1}")
+def _rule_blocks(rules: Sequence[AnyRule]) -> tuple[bytes, bool]:
+    """The blocks for normalized ``rules``, last rule first, encoded; and whether they end open
+    (a request none of them decides falls to what follows)."""
+    blocks: list[bytes] = []
+    for rule in reversed(rules):
+        blocks.append(_block(rule))
         if _unconditional(rule):  # normalize puts it first; nothing after it can be reached
-            return insns, starts, False
-    return insns, starts, True
+            return b"".join(blocks), False
+    return b"".join(blocks), True
+
+
+@record
+class RuleCode:
+    """The rule blocks of one rule list, built once: what every program wrapping them carries."""
+
+    code: bytes
+    digest: int  # build_program's marker: the FNV-1a of ``code``
+    ends_open: bool
+
+
+def rule_code(rules: Sequence[AnyRule], normalized: bool = False) -> RuleCode:
+    """The blocks for ``rules`` and their digest; pass it to ``build_program`` for each program."""
+    code, ends_open = _rule_blocks(_normal(rules, normalized))
+    return RuleCode(code=code, digest=_fnv1a(code), ends_open=ends_open)
 
 
 def _link(insns: list[Insn], labels: dict[str, int]) -> bytes:
-    """Second pass: turn labels into relative jump offsets and encode."""
+    """Turn labels into relative jump offsets and encode."""
     out = bytearray()
     for pos, insn in enumerate(insns):
         if insn.label is not None:
@@ -175,9 +193,7 @@ def _link(insns: list[Insn], labels: dict[str, int]) -> bytes:
 
 def rules_digest(rules: Sequence[AnyRule], normalized: bool = False) -> int:
     """A 32-bit fingerprint of the rule blocks ``build_program`` emits for ``rules``."""
-    blocks, starts, _ = _rule_blocks(_normal(rules, normalized))
-    labels = {f"block-{n}": start for n, start in enumerate([*starts, len(blocks)])}
-    return _fnv1a(_link(blocks, labels))
+    return rule_code(rules, normalized).digest
 
 
 def read_marker(prog: bytes) -> int | None:
@@ -214,24 +230,29 @@ def check_appendable(prog: bytes) -> None:
 
 
 def build_program(
-    rules: Sequence[AnyRule], fallthrough: bytes | None, default_allow: bool, normalized: bool = False
+    rules: Sequence[AnyRule],
+    fallthrough: bytes | None,
+    default_allow: bool,
+    normalized: bool = False,
+    code: RuleCode | None = None,
 ) -> bytes:
     """Our rules (normalized, last first), then ``fallthrough`` verbatim or ``w0 = default; exit``.
 
     ``default_allow`` only matters when ``fallthrough`` is None; R0 is always set on every path.
     ``normalized``: ``rules`` are ``normalize``'s output already (a served plan's ``normal``).
+    ``code``: ``rule_code(rules, normalized)`` already built (a caller wrapping several programs).
     """
     if fallthrough is not None:
         check_appendable(fallthrough)
-    normal = _normal(rules, normalized)
-    blocks, starts, ends_open = _rule_blocks(normal)
-    labels = {f"block-{n}": PROLOGUE_LEN + start for n, start in enumerate([*starts, len(blocks)])}
-    insns = _prologue(rules_digest(normal, normalized)) + blocks
-    # The appended original starts by reading the ctx through R1: nothing of ours may write it.
-    if any(insn.dst in (1, 10) for insn in insns):
+    if code is None:
+        code = rule_code(rules, normalized)
+    prologue = _prologue(code.digest)
+    # The appended original starts by reading the ctx through R1: nothing of ours may write it
+    # (the blocks write only R0, R3 and R6: ``_block``).
+    if any(insn.dst in (1, 10) for insn in prologue):
         raise AssertionError("builder wrote R1 or R10; the appended original program would break")
-    ours = _link(insns, labels)
-    if not ends_open:
+    ours = _link(prologue, {}) + code.code
+    if not code.ends_open:
         return ours
     if fallthrough is not None:
         return ours + fallthrough

@@ -92,9 +92,13 @@ _ALL = "a"
 _Key = tuple[str, int | None, int | None]
 
 
-def _wider(type: str, major: int | None, minor: int | None) -> set[_Key]:
-    """Every (type, major, minor) key that names all the devices this one names (itself included)."""
-    return {(t, a, b) for t in (_ALL, type) for a in (None, major) for b in (None, minor)}
+def _wider(type: str, major: int | None, minor: int | None) -> list[_Key]:
+    """Every (type, major, minor) key that names all the devices this one names (itself included),
+    each once."""
+    types = (_ALL,) if type == _ALL else (_ALL, type)
+    majors = (None,) if major is None else (None, major)
+    minors = (None,) if minor is None else (None, minor)
+    return [(t, a, b) for t in types for a in majors for b in minors]
 
 
 class _OverlapIndex:
@@ -150,6 +154,8 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[AnyRule]) -> list
     allow_all = any(
         str(e.type) == _ALL and e.major is None and e.minor is None and _bits(e.access) == 7 for e in entries
     )
+    if allow_all:
+        return _check_allow_all(rules)
     exact: dict[_Key, list[int]] = {}
     for e in entries:
         exact.setdefault((str(e.type), e.major, e.minor), []).append(_bits(e.access))
@@ -166,14 +172,29 @@ def check_effect(entries: Sequence[ListEntry], rules: Sequence[AnyRule]) -> list
         later[key] = later.get(key, 0) | rule.bits
         if not acc:
             continue
-        if allow_all:
-            ok = rule.allow or rule.v1_line() != "a"
-        elif rule.allow:
+        if rule.allow:
             ok = any((bits & acc) == acc for k in wider for bits in exact.get(k, ()))
         else:
             ok = not (overlap.bits(rule) & acc)
         if not ok:
             failed.append(("allow " if rule.allow else "deny ") + rule.v1_line())
+    failed.reverse()
+    return failed
+
+
+def _check_allow_all(rules: Sequence[AnyRule]) -> list[str]:
+    """``check_effect`` on a list showing ``a *:* rwm``: the denies are hidden, so only a deny of
+    ``a`` (which flips the behaviour, and would show) can be seen to fail. Only ``a`` rules can
+    re-decide its bits (no other key is as wide), so the rest are not looked at."""
+    failed = []
+    later = 0  # bits named by the ``a *:*`` rules after the current one
+    for rule in reversed(rules):
+        if str(rule.type) != _ALL or rule.major is not None or rule.minor is not None:
+            continue
+        acc = rule.bits & ~later
+        later |= rule.bits
+        if acc and not rule.allow and rule.v1_line() == "a":
+            failed.append("deny " + rule.v1_line())
     failed.reverse()
     return failed
 
@@ -209,15 +230,25 @@ class CgroupV1:
 
     def _write(self, name: str, line: str) -> None:
         """Exactly one rule per write; O_APPEND so a plain-file fake records the sequence."""
-        target = self._file(name)
+        self._write_all([(name, line)])
+
+    def _write_all(self, lines: Iterable[tuple[str, str]]) -> None:
+        """Each (file name, rule line) in order, one ``write(2)`` per rule, each file opened once:
+        the kernel parses every write on its own, so a big plan costs a write per rule, not an
+        open, a write and a close."""
+        fds: dict[str, int] = {}
+        name = line = ""
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-            try:
+            for name, line in lines:
+                fd = fds.get(name)
+                if fd is None:
+                    fd = fds[name] = os.open(self._file(name), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
                 os.write(fd, line.encode() + b"\n")
-            finally:
-                os.close(fd)
         except OSError as exc:
-            raise ApplyError(target, f"write {line}", exc.strerror or str(exc)) from exc
+            raise ApplyError(self._file(name), f"write {line}", exc.strerror or str(exc)) from exc
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def apply(self, rules: Iterable[AnyRule], normalized: bool = False) -> AppliedV1:
         """Write ``rules`` in order after saving the list; raise ApplyError if any has no effect.
@@ -225,11 +256,9 @@ class CgroupV1:
         rules = tuple(rules)
         before = self.read_list()
         self._saved, self._rules = before, rules
-        written = []
-        for rule in rules:
-            line = rule.v1_line()
-            self._write("devices.allow" if rule.allow else "devices.deny", line)
-            written.append(("allow " if rule.allow else "deny ") + line)
+        lines = [("devices.allow" if rule.allow else "devices.deny", rule.v1_line()) for rule in rules]
+        self._write_all(lines)
+        written = tuple(("allow " if name == "devices.allow" else "deny ") + line for name, line in lines)
         after = self.read_list()
         failed = check_effect(parse_list("\n".join(after), self._file("devices.list")), rules)
         if failed:
@@ -238,7 +267,7 @@ class CgroupV1:
                 "",
                 "rules without effect after writing: " + ", ".join(failed),
             )
-        return AppliedV1(before=before, after=after, written=tuple(written))
+        return AppliedV1(before=before, after=after, written=written)
 
     def rollback(self) -> None:
         """Put the exception list back as it was before ``apply``.
@@ -255,11 +284,7 @@ class CgroupV1:
             if any(r.v1_line() == "a" for r in rules):
                 self._write("devices.allow", "a")
             else:
-                for rule in reversed(rules):
-                    if not rule.allow:
-                        self._write("devices.allow", rule.v1_line())
+                self._write_all(("devices.allow", r.v1_line()) for r in reversed(rules) if not r.allow)
         else:
-            self._write("devices.deny", "a")
-            for line in saved:
-                self._write("devices.allow", line)
+            self._write_all([("devices.deny", "a"), *(("devices.allow", line) for line in saved)])
         self._saved = None

@@ -126,17 +126,17 @@ class CgroupV2:
         self, rules: Sequence[Rule | PlainRule], ids: tuple[int, ...], normalized: bool
     ) -> list[tuple[int | None, int]]:
         """(original fd or None, new fd) for every program to replace; everything loaded, nothing attached."""
+        code = bpf.rule_code(rules, normalized)  # the rule blocks, built once for every program
         if not ids:
-            return [(None, self._load(bpf.build_program(rules, None, True, normalized)))]
-        digest = bpf.rules_digest(rules, normalized)
+            return [(None, self._load(bpf.build_program(rules, None, True, normalized, code)))]
         pairs: list[tuple[int | None, int]] = []
         for prog_id in ids:
             old = self._hold(bpf_sys.get_fd_by_id(prog_id))
             original = bpf_sys.dump_xlated(old)
-            if bpf.read_marker(original) == digest:
+            if bpf.read_marker(original) == code.digest:
                 continue  # already ours, with these very rules
             try:
-                prog = bpf.build_program(rules, original, False, normalized)
+                prog = bpf.build_program(rules, original, False, normalized, code)
             except ValueError as exc:
                 raise ApplyError(self.path, f"bpf program id {prog_id}", str(exc)) from exc
             pairs.append((old, self._load(prog)))
