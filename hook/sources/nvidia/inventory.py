@@ -322,7 +322,14 @@ def load(
     # (hook.sources.nvidia.procid); what NVML said is not a file's, so it is never kept
     from hook.sources.nvidia.procid import fingerprint
 
-    seen = fingerprint(str(driver_root), None if cache_dir is None else os.path.join(cache_dir, CACHE_NAME))
+    boot_id = procfs.read_boot_id(driver_root)
+    version = procfs.read_text(driver_root, procfs.VERSION_PATH, required=False)
+    minors_key = _minors_key(driver_root, boot_id, version)
+    if minors_key is None:  # no boot id or driver version: nothing to key mig-minors by, none kept
+        return _load(driver_root, cache_dir, need_migs, None, False)
+    minors = _mig_minors(driver_root, cache_dir, minors_key)[0]
+    cache_file = None if cache_dir is None else os.path.join(cache_dir, CACHE_NAME)
+    seen = fingerprint(str(driver_root), cache_file, None if minors is None else minors.by_name)
     return warm.remembered(
         ("inventory-load", str(driver_root), str(cache_dir), need_migs),
         seen,
