@@ -169,6 +169,7 @@ def test_package_removal_leaves_pass_throughs_and_purge_removes_them_when_no_tas
     _fake_proc(root / "proc", time.time() - 3600)
     (root / "run/systemd/system").mkdir(parents=True)  # the node booted with systemd
     (root / "var/lib/oci-device-hook/decider.key").write_bytes(b"k" * 32)  # the first hook serve's
+    (root / "var/lib/oci-device-hook/registration.json").write_text("{}\n")  # the metrics timer's verdict
     control = tmp / "control"
     subprocess.run(["dpkg-deb", "-e", str(world["deb"]), str(control)], check=True)
     shutil.copy2(control / "postrm", root / "postrm")
@@ -180,6 +181,7 @@ def test_package_removal_leaves_pass_throughs_and_purge_removes_them_when_no_tas
     assert PASS_MARK in (root / runc_shim.lstrip("/")).read_text()
     # issue 37 item 4: the key goes; a cleanup stays with the shims, run after containerd starts
     assert not (root / "var/lib/oci-device-hook/decider.key").exists()
+    assert not (root / "var/lib/oci-device-hook/registration.json").exists()
     units = root / "etc/systemd/system"
     unit = (units / "oci-device-hook-cleanup.service").read_text()
     assert f"ExecStart=/bin/sh {LIBEXEC}/cleanup" in unit and "After=containerd.service" in unit
