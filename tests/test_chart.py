@@ -213,3 +213,40 @@ def test_chart_metadata_holds_no_version_of_its_own() -> None:
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert meta["apiVersion"] == "v2" and meta["name"] == "oci-device-hook"
     assert re.fullmatch(r"0\.0\.0-source", meta["version"]) and meta["appVersion"] == "source"
+
+
+def test_the_kustomize_teardown_job_is_the_charts_hook(tmp_path: Path) -> None:
+    """Issue 37 item 4 without Helm: packaging/kubernetes/teardown holds the same Job and Role as the
+    chart's pre-delete hook; an overlay moves its namespace and image like the base's, and the Job
+    finds the DaemonSet in its own namespace (POD_NAMESPACE)."""
+    import os
+    import shutil
+    import subprocess
+
+    ours = {f"{d['kind']}/{d['metadata']['name']}": d
+            for d in yaml.safe_load_all((BASE / "teardown/teardown.yaml").read_text())}  # fmt: skip
+    chart = {k: v for k, v in objects().items() if k.endswith("-teardown")}
+    assert set(ours) == set(chart)
+    assert ours["Role/oci-device-hook-teardown"]["rules"] == chart["Role/oci-device-hook-teardown"]["rules"]
+    job, hook = (d["Job/oci-device-hook-teardown"]["spec"]["template"]["spec"]["containers"][0]
+                 for d in (ours, chart))  # fmt: skip
+    assert job["command"][:3] == hook["command"][:3] and job["securityContext"] == hook["securityContext"]
+    assert job["command"][3] == "oci-device-hook"  # namespace from POD_NAMESPACE
+    field = {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert job["env"] == [{"name": "POD_NAMESPACE", "valueFrom": field}]
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return
+    overlay = tmp_path / "o"
+    overlay.mkdir()
+    image = {"name": "oci-device-hook", "newName": "reg.example/odh", "digest": DIGEST}
+    here = os.path.relpath(BASE / "teardown", overlay)
+    kust = {"resources": [here], "namespace": "gpu-guard", "images": [image]}
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kust))
+    res = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    docs = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(res.stdout)}
+    assert {d["metadata"]["namespace"] for d in docs.values()} == {"gpu-guard"}
+    assert docs["RoleBinding/oci-device-hook-teardown"]["subjects"][0]["namespace"] == "gpu-guard"
+    (c,) = docs["Job/oci-device-hook-teardown"]["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"reg.example/odh@{DIGEST}"
