@@ -17,6 +17,7 @@ from hook.core.requests import is_accelerator
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
     from hook.adapters.allowlist import HostDevices
@@ -51,11 +52,17 @@ def node_of(path: str, st: os.stat_result) -> Node:
 
 
 def scan_accelerators(driver_root: Path, patterns: dict[str, tuple[str, ...]] | Any) -> tuple[Node, ...]:
-    """Every accelerator char node under ``<driver-root>/dev`` (two levels: dri/, nvidia-caps/)."""
-    base = driver_root / "dev"
-    found: list[Node] = []
+    """Every accelerator char node under ``<driver-root>/dev`` (two levels: dri/, nvidia-caps/).
 
-    def walk(directory: Path, rel: str, depth: int) -> None:
+    A resident process (``hook.sources.warm`` on) keeps the nodes while every char node's path,
+    mode and numbers (each ``lstat``-ed, as before) and the patterns are the same: the nodes are a
+    function of those alone, and building them is most of a big node's scan."""
+    from hook.sources import warm
+
+    base = os.path.join(driver_root, "dev")
+    chars: list[tuple[str, int, int]] = []
+
+    def walk(directory: str, rel: str, depth: int) -> None:
         try:
             entries = list(os.scandir(directory))
         except OSError:
@@ -63,13 +70,26 @@ def scan_accelerators(driver_root: Path, patterns: dict[str, tuple[str, ...]] | 
         for e in entries:
             name = f"{rel}{e.name}"
             if e.is_dir(follow_symlinks=False) and depth < 2:
-                walk(Path(e.path), name + "/", depth + 1)
+                walk(e.path, name + "/", depth + 1)
                 continue
             st = e.stat(follow_symlinks=False)
-            if stat.S_ISCHR(st.st_mode) and is_accelerator("/dev/" + name, patterns):
-                found.append(node_of("/dev/" + name, st))
+            if stat.S_ISCHR(st.st_mode):
+                chars.append(("/dev/" + name, st.st_mode, st.st_rdev))
 
     walk(base, "", 0)
+    if not warm.enabled():
+        return _accelerators(chars, patterns)
+    seen = tuple(chars)
+    named = tuple(sorted((vendor, tuple(globs)) for vendor, globs in patterns.items()))
+    return warm.remembered(("accelerators", base, named), seen, lambda: _accelerators(seen, patterns))
+
+
+def _accelerators(chars: Sequence[tuple[str, int, int]], patterns: Any) -> tuple[Node, ...]:
+    found = [
+        Node(path=path, type="c", major=os.major(rdev), minor=os.minor(rdev), file_mode=stat.S_IMODE(mode))
+        for path, mode, rdev in chars
+        if is_accelerator(path, patterns)
+    ]
     return tuple(sorted(found, key=lambda n: (n.major, n.minor, n.path)))
 
 
