@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from hook.adapters.apply import bpf, devpath
+from hook.adapters.apply import bpf, devnodes, devpath
 from hook.adapters.apply.cgroup_v1 import CgroupV1
 from hook.adapters.apply.devpath import Change, DevDir
 from hook.core.plainplan import PlainRule
+from hook.core.record import fields
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of char nodes needs root")
 
@@ -152,3 +153,13 @@ def test_the_rule_blocks_are_built_once_per_program(monkeypatch: pytest.MonkeyPa
     prog = bpf.build_program(rules, None, True, normalized=True)
     assert built["blocks"] == 1
     assert bpf.read_marker(prog) == bpf.rules_digest(rules, normalized=True)
+
+
+def test_a_journal_row_carries_every_field_of_a_change() -> None:
+    """The helper reports its journal as rows (no field names on the pipe); a field added to
+    ``Change`` and not to the row would be lost on the way back to the parent's undo."""
+    assert tuple(f.name for f in fields(Change)) == devnodes._ROW
+    change = Change(op="unlink", path="/dev/nvidia3", type="c", major=195, minor=3, mode=0o666, uid=7, gid=8)
+    row = devnodes._change_row(change)
+    assert dict(zip(devnodes._ROW, row, strict=True)) == {n: getattr(change, n) for n in devnodes._ROW}
+    assert devnodes._change(row) == change

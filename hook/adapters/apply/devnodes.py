@@ -32,7 +32,7 @@ from hook.adapters.apply.devpath import Change, DevDir, open_child_dir, run_acti
 from hook.adapters.apply.locate import path_text
 from hook.adapters.log import dumps  # json's own C encoder and scanner: the json package loads re
 from hook.core.errors import ApplyError
-from hook.core.record import fields, record
+from hook.core.record import record
 from hook.sources.privatefile import loads
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
@@ -121,7 +121,7 @@ def _child(
     except BaseException as exc:  # the child must always report and exit
         report["error"] = ["", "", repr(exc)]
     if dev is not None:
-        report["journal"] = [_change_dict(c) for c in dev.journal]
+        report["journal"] = [_change_row(c) for c in dev.journal]
         report["skipped"] = dev.skipped
     status = 1
     try:
@@ -131,8 +131,17 @@ def _child(
         os._exit(status)  # 1: the parent gets no report and fails the step (the runtime aborts the container)
 
 
-def _change_dict(c: Change) -> dict[str, Any]:
-    return {f.name: getattr(c, f.name) for f in fields(Change)}
+def _change_row(c: Change) -> list[Any]:
+    """One journal entry on the pipe: its fields in ``Change``'s order (``_ROW``), no names."""
+    return [c.op, c.path, c.type, c.major, c.minor, c.mode, c.uid, c.gid]
+
+
+_ROW = ("op", "path", "type", "major", "minor", "mode", "uid", "gid")  # a test holds it to Change's fields
+
+
+def _change(row: list[Any]) -> Change:
+    op, path, type, major, minor, mode, uid, gid = row
+    return Change(op=op, path=path, type=type, major=major, minor=minor, mode=mode, uid=uid, gid=gid)
 
 
 def _host_devs(host_dev: Sequence[str]) -> frozenset[int]:
@@ -188,7 +197,7 @@ def _in_namespace(
     _, status = os.waitpid(child, 0)
     try:
         report = loads(data)
-        journal = tuple(Change(**c) for c in report["journal"])
+        journal = tuple(_change(row) for row in report["journal"])
         skipped = tuple((str(p), str(w)) for p, w in report["skipped"])
         error = report["error"]
     except (ValueError, KeyError, TypeError):
@@ -242,12 +251,12 @@ def apply(
     ``host_dev`` lists the host's ``/dev`` directories (``/dev``, ``<driver-root>/dev``): a
     container ``/dev`` on one of their filesystems, or on the host's ``/``, is left untouched.
     """
-    actions: list[tuple[str, Change]] = [("unlink", Change(op="unlink", path=p)) for p in remove]
+    made: list[tuple[str, Change]] = []
     for n in create:
         split_container_path(n.path)
         if n.type not in ("c", "b"):
             raise ApplyError("plan", n.path, f"node type must be c or b, not {n.type!r}")
-        actions.append(
+        made.append(
             (
                 "mknod",
                 Change(
@@ -262,8 +271,11 @@ def apply(
                 ),
             )
         )
-    for p in remove:
+    actions: list[tuple[str, Change]] = []  # the removals first, then the creates
+    for p in remove:  # checked after the creates (a bad create is the error named first)
         split_container_path(p)
+        actions.append(("unlink", Change(op="unlink", path=p)))
+    actions += made
     where = path_text(os.fspath(proc))
     out = _in_namespace(pid, where, rootfs, actions, host_dev)
     undo = Undo(
