@@ -59,9 +59,13 @@ def test_a_big_containers_devices_are_decoded_once(monkeypatch: pytest.MonkeyPat
     assert calls["n"] <= 10  # the event, pod, container, linux, resources: not per device
 
 
-def _big_node_create(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, bytes, int]:
-    """The 64 GPU + 224 MIG node, its kubelet allocating GPU 1 to the seed-000 slice pod, and that
-    pod's privileged container holding every accelerator node (as containerd passes them)."""
+def _node_create(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, shape: str = "64+224-mig", slice_pod: bool = True
+) -> tuple[Any, bytes, int]:
+    """A node (``bench.hosts``' shape, or ``seed``: the 8-GPU ``8x-mig`` tree), its kubelet
+    allocating GPU 1 to the pod; the seed-000 slice pod's privileged container holding every
+    accelerator node (as containerd passes them), or a one-GPU container that holds none and asks
+    for that GPU by ``NVIDIA_VISIBLE_DEVICES``."""
     from bench import hosts
     from hook.routes.nri.plugin import Plugin
     from hook.routes.nri.verdicts import Ctx
@@ -69,21 +73,49 @@ def _big_node_create(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[An
     from tests import hosttree
     from tests.bundles import CONTAINER, POD_UID, checkpoint, checkpoint_entry, settings_file
 
-    spec = hosts.spec("64+224-mig")
-    monkeypatch.setitem(hosttree.TOPOLOGIES, spec.name, spec)
     root = tmp_path / "root"
-    hosttree.make_host_tree(root, spec.name, mknod=False)
+    if shape == "seed":
+        spec = hosttree.make_host_tree(root, "8x-mig", mknod=False)
+    else:
+        spec = hosts.spec(shape)
+        monkeypatch.setitem(hosttree.TOPOLOGIES, spec.name, spec)
+        hosttree.make_host_tree(root, spec.name, mknod=False)
     gpu = spec.gpus[1].uuid
     ck = tmp_path / "kubelet_internal_checkpoint"
     ck.write_bytes(checkpoint([checkpoint_entry("nvidia.com/gpu", [gpu])]))
     config = settings_file(tmp_path, driver_root=str(root), kubelet_checkpoint=str(ck))
     plugin = Plugin(Ctx(options=Options(settings_file=config)), lambda _a: None, lambda _s: None)
     plugin.call("Configure", f.configure(runtime="containerd", version="v2.2.7", nri="v0.11.0"))
-    held = [f.device(d["path"], "c", d["major"], d["minor"]) for d in hosts.slice_devices(spec)]
-    ctr = f.container(
-        name=CONTAINER, rules=[f.rule(True)], devices=held, env=[f"NVIDIA_VISIBLE_DEVICES={gpu}"]
+    held = (
+        [f.device(d["path"], "c", d["major"], d["minor"]) for d in hosts.slice_devices(spec)]
+        if slice_pod
+        else []
     )
+    rules = [f.rule(True)] if slice_pod else []
+    ctr = f.container(name=CONTAINER, rules=rules, devices=held, env=[f"NVIDIA_VISIBLE_DEVICES={gpu}"])
     return plugin, f.event(f.pod(uid=POD_UID, name="trainer", namespace="ml"), ctr), len(held)
+
+
+def _warm_create_calls(plugin: Any, event: bytes) -> int:
+    """Python calls (sys.setprofile) of one CreateContainer after three that warm the views."""
+    import sys
+
+    for _ in range(3):  # the first loads and writes the caches, the next read them once
+        code, message, _payload = plugin.call("CreateContainer", event)
+        assert code == 0, message
+    calls = [0]
+
+    def count(_frame: Any, what: str, _arg: Any) -> None:
+        if what == "call":
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        code, _message, payload = plugin.call("CreateContainer", event)
+    finally:
+        sys.setprofile(None)
+    assert code == 0 and payload
+    return calls[0]
 
 
 def test_a_big_node_create_costs_per_node_held_not_per_node_rebuilt(
@@ -94,28 +126,35 @@ def test_a_big_node_create_costs_per_node_held_not_per_node_rebuilt(
     failing before the node views were kept whole (the inventory rebuilt from every capability
     file, every device message decoded, every narrowing answer asked anew): 59,351 calls, 115 per
     node; 27,986 with them."""
-    import sys
-
     from hook.sources import warm
 
     warm.enable()
     try:
-        plugin, event, held = _big_node_create(tmp_path, monkeypatch)
-        for _ in range(3):  # the first loads and writes the caches, the next read them once
-            code, message, _payload = plugin.call("CreateContainer", event)
-            assert code == 0, message
-        calls = [0]
-
-        def count(_frame: Any, what: str, _arg: Any) -> None:
-            if what == "call":
-                calls[0] += 1
-
-        sys.setprofile(count)
-        try:
-            code, _message, payload = plugin.call("CreateContainer", event)
-        finally:
-            sys.setprofile(None)
+        plugin, event, held = _node_create(tmp_path, monkeypatch)
+        calls = _warm_create_calls(plugin, event)
     finally:
         warm.enable(False)
-    assert code == 0 and payload
-    assert calls[0] <= 60 * held, f"{calls[0]} calls for {held} nodes held"
+    assert calls <= 60 * held, f"{calls} calls for {held} nodes held"
+
+
+def test_a_one_gpu_create_on_the_big_node_costs_about_what_it_costs_on_the_seed_node(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container that holds no node and asks for one GPU: its warm CreateContainer on the 64 GPU
+    + 224 MIG node makes at most 4x the Python calls it makes on the 8-GPU seed node (what is left
+    is the node views' identity, one system call per file). Seen failing on 742e8ff: 21,538 against
+    2,702 (8.0x); 5,629 against 2,235 (2.5x) now."""
+    from hook.sources import warm
+
+    warm.enable()
+    try:
+        counts = []
+        for shape in ("seed", "64+224-mig"):
+            where = tmp_path / shape
+            where.mkdir()
+            plugin, event, _held = _node_create(where, monkeypatch, shape, slice_pod=False)
+            counts.append(_warm_create_calls(plugin, event))
+    finally:
+        warm.enable(False)
+    seed, big = counts
+    assert big <= 4 * seed, f"{big} calls on the big node, {seed} on the seed node"

@@ -97,12 +97,13 @@ def _container_facts(inputs: Inputs) -> Facts:
             found.setdefault(_key(n), n)
     if inputs.requests.bounded and not privileged:  # also what linux.resources.devices allows
         own = Verdicts(config.resource_rules)
+        majors = {r.major for r in config.resource_rules if r.allow}  # no allow naming its major: closed
         for n in (
             *inputs.host_accelerators,
             *(c.node for c in inputs.classes.nodes),
             *inputs.classes.driver_nodes(),
         ):
-            if within.narrowed(n) and _rules_open(own, n):
+            if (None in majors or n.major in majors) and _rules_open(own, n) and within.narrowed(n):
                 found.setdefault(_key(n), n)
     extra = tuple(found.values())
     return Facts(
