@@ -98,14 +98,16 @@ def _needs_decision(doc: dict[str, Any], settings: Settings) -> bool:
 
 
 def _decide(
-    pod: Pod, c: Container, bounding: frozenset[str], settings: Settings, ctx: Ctx, source: str
-) -> tuple[Any, Plan, dict[str, Any]]:
+    pod: Pod, c: Container, bounding: frozenset[str], settings: Settings, ctx: Ctx, source: str,
+    doc: dict[str, Any] | None = None,
+) -> tuple[Any, Plan, dict[str, Any]]:  # fmt: skip
     from hook.core.decide import decide
     from hook.core.oci import parse_config_object
     from hook.core.report import build_report
     from hook.routes.gather import inputs_for_config, resolved
 
-    doc = oci_config(pod, c, bounding, settings.cdi_annotation_prefixes[0])
+    if doc is None:
+        doc = oci_config(pod, c, bounding, settings.cdi_annotation_prefixes[0])
     config = parse_config_object(doc, source, "")
     options = resolved(replace(ctx.options, settings=settings), settings)
     inputs = inputs_for_config(config, {}, c.id, options)
@@ -144,9 +146,11 @@ def on_create(pod: Pod, c: Container, ctx: Ctx, t0: float | None = None) -> Answ
     settings: Settings | None = None
     try:
         settings = _settings(ctx)
-        if _plain(pod, c, settings):
+        assumed = frozenset({SYS_ADMIN})
+        doc = oci_config(pod, c, assumed, settings.cdi_annotation_prefixes[0])
+        if not _needs_decision(doc, settings):  # it reads no capability: one config serves both
             return Answer()
-        inputs, plan, report = _decide(pod, c, frozenset({SYS_ADMIN}), settings, ctx, "NRI CreateContainer")
+        inputs, plan, report = _decide(pod, c, assumed, settings, ctx, "NRI CreateContainer", doc)
     except HookError as exc:
         if _plain(pod, c, settings):
             return Answer(record=None)
