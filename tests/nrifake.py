@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hook.core.protowire import decode, enc_bool, enc_int, enc_msg, enc_text  # re-exported for tests
 from hook.routes.nri import frames
-from hook.routes.nri.proto import decode, enc_bool, enc_int, enc_msg, enc_text  # re-exported for tests
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 

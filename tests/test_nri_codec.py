@@ -12,9 +12,9 @@ import struct
 import pytest
 
 from hook.core.plan import Node
+from hook.core.protowire import decode, enc_int, enc_text, varint
 from hook.core.rules import Access, DeviceType, Rule
 from hook.routes.nri import frames, messages
-from hook.routes.nri.proto import decode, enc_int, enc_text, varint
 from hook.routes.nri.spec import names_container, oci_config
 from hook.routes.nri.verdicts import trims
 from tests import nrifake as f

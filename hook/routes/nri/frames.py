@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import struct
 
+from hook.core.protowire import decode, enc_bytes, enc_int, enc_msg, enc_text
 from hook.core.record import record
-from hook.routes.nri.proto import decode, enc_bytes, enc_int, enc_msg, enc_text
 
 __all__ = [
     "MAX_MESSAGE",

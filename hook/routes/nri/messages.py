@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hook.core.plan import Node
+from hook.core.protowire import Fields, decode, enc_bool, enc_int, enc_msg, enc_text
 from hook.core.record import field, record
 from hook.core.rules import Rule
-from hook.routes.nri.proto import Fields, decode, enc_bool, enc_int, enc_msg, enc_text
 
 __all__ = [
     "CREATE_CONTAINER",

@@ -1,4 +1,5 @@
-"""Protocol buffers' wire format, the subset NRI's messages use, written by hand from the format.
+"""Protocol buffers' wire format, written by hand from the format, for the messages we read and
+write: NRI's, and the kubelet checkpoint's device-plugin responses.
 
 Rule: decoding takes bytes and returns ``Fields`` (field number -> values in order); it never
 trusts a length: every length is checked against what is left, a varint is at most 10 bytes,
