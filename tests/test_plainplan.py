@@ -11,7 +11,7 @@ import random
 import pytest
 
 from hook.adapters.apply.cgroup_v1 import ListEntry, check_effect, parse_list
-from hook.core.plainplan import PlainRule, access_bits, access_text
+from hook.core.plainplan import PlainPlan, PlainRule, access_bits, access_text
 from hook.core.plan import Node, Plan, Verdict, plain
 from hook.core.rules import Access, DeviceType, Rule
 from hook.routes.decision import Live, from_wire, to_wire
@@ -132,3 +132,32 @@ def test_a_plans_normal_list_is_the_core_normalize() -> None:
         got = plain(Plan(verdict=Verdict.APPLY, reason="", rules=rules)).normal
         want = plain(Plan(verdict=Verdict.APPLY, reason="", rules=normalize(rules))).rules if rules else ()
         assert got == want
+
+
+def test_a_served_plan_reads_each_rule_once_for_both_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``normal`` is ``rules`` in another order: the per-start process reads each distinct rule once
+    (254 GPUs: 257 rules, not 514 reads), and both lists come back as the core's."""
+    rules = tuple(Rule(allow=False, type=DeviceType.CHAR, major=195, minor=m) for m in range(64))
+    plan = Plan(verdict=Verdict.APPLY, reason="r", rules=(Rule(allow=True), *rules))
+    wire = to_wire(Live(code=0, plan=plan))
+    reads = []
+    real = PlainRule.parse.__func__  # type: ignore[attr-defined]
+
+    def parse(cls: type[PlainRule], *args: object) -> PlainRule:
+        reads.append(args)
+        return real(cls, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(PlainRule, "parse", classmethod(parse))
+    served = from_wire(wire)
+    assert len(reads) == len(plan.rules)
+    assert isinstance(served, Live) and served.plan == plain(plan)
+
+
+def test_rows_that_are_equal_but_not_the_same_json_are_read_apart() -> None:
+    """A key of 0 finds False's entry in a dict: such a row is read on its own, as it always was."""
+    wire = to_wire(Live(code=0, plan=Plan(verdict=Verdict.APPLY, reason="r", rules=(Rule(allow=False),))))
+    odd = wire.replace(b'"rules": [[false,', b'"rules": [[0,')
+    assert odd != wire
+    served = from_wire(odd)
+    assert isinstance(served, Live) and isinstance(served.plan, PlainPlan)
+    assert type(served.plan.rules[0].allow) is int and type(served.plan.normal[0].allow) is bool

@@ -99,18 +99,44 @@ def _plan(doc: dict[str, Any]) -> PlainPlan:
         return Node(path=d["path"], type=d["type"], major=d["major"], minor=d["minor"],
                     file_mode=d["fileMode"], uid=d["uid"], gid=d["gid"])  # fmt: skip
 
+    # ``normal`` holds the same rules as ``rules`` in another order (``normalize``): each rule read
+    # once serves both lists. Only a row of the exact JSON types is kept (a key of 0 would find
+    # False's rule); any other row is read on its own, as before.
+    seen: dict[tuple[Any, ...], PlainRule] = {}
+
+    def rules(rows: list[Any]) -> tuple[PlainRule, ...]:
+        out = []
+        for a, t, ma, mi, acc in rows:
+            exact = (
+                type(a) is bool
+                and type(t) is str
+                and type(ma) in _NUMBER
+                and type(mi) in _NUMBER
+                and type(acc) is str
+            )
+            rule = seen.get((a, t, ma, mi, acc)) if exact else None
+            if rule is None:
+                rule = PlainRule.parse(a, t, ma, mi, acc)
+                if exact:
+                    seen[(a, t, ma, mi, acc)] = rule
+            out.append(rule)
+        return tuple(out)
+
     if doc["verdict"] not in VERDICTS:
         raise ValueError(f"{doc['verdict']!r} is not a verdict")
     return PlainPlan(
         verdict=doc["verdict"],
         reason=doc["reason"],
-        rules=tuple(PlainRule.parse(a, t, ma, mi, acc) for a, t, ma, mi, acc in doc["rules"]),
-        normal=tuple(PlainRule.parse(a, t, ma, mi, acc) for a, t, ma, mi, acc in doc["normal"]),
+        rules=rules(doc["rules"]),
+        normal=rules(doc["normal"]),
         create=tuple(node(n) for n in doc["create"]),
         remove=tuple(doc["remove"]),
         warnings=tuple(doc["warnings"]),
         denied=tuple(doc["denied"]),
     )
+
+
+_NUMBER = (int, type(None))  # a rule's major and minor as the wire's JSON gives them
 
 
 def to_wire(decision: Live | Spec) -> bytes:
