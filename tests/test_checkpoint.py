@@ -29,15 +29,26 @@ def test_alloc_resp_decoded() -> None:
 def test_unknown_protobuf_fields_skipped() -> None:
     """A newer kubelet's fields are skipped by their wire type, and the fields after them still read.
 
-    Field 2 (mounts, length-delimited), a varint field 9, a fixed64 field 10 and a fixed32 field 11
-    before a CDI device. The fixed fields' bytes are not zeros: skipped by the wrong width, they
-    read as a length-delimited field running past the end (issue 31, s142737-019), not as padding."""
+    Field 2 (a mount: container_path "a"), a varint field 9, a fixed64 field 10 and a fixed32
+    field 11 before a CDI device. The fixed fields' bytes are not zeros: skipped by the wrong width,
+    they read as a length-delimited field running past the end (issue 31, s142737-019), not as
+    padding."""
     junk = b"\x0a\xff\xff\xff"  # as a field: 1, length-delimited, a length far past the end
-    extra = b"\x12\x03abc" + b"\x48\x96\x01" + b"\x51" + junk * 2 + b"\x5d" + junk
+    extra = b"\x12\x03\x0a\x01a" + b"\x48\x96\x01" + b"\x51" + junk * 2 + b"\x5d" + junk
     (a,) = parse_checkpoint(
         checkpoint([checkpoint_entry("r", ["0"], extra + alloc_resp(cdi=["v/c=n"]))]), "ck"
     )
     assert a.cdi_devices == ("v/c=n",)
+
+
+def test_a_response_that_is_not_protobuf_is_a_corrupt_checkpoint_not_an_empty_allocation() -> None:
+    """A mount whose bytes are no Mount message (``abc``: field 12 as a fixed64 with 2 bytes left)
+    is a response the kubelet itself could not have written: the entry is reported, as Go's
+    unmarshalling would fail on it, rather than read as a mount with no paths."""
+    with pytest.raises(InputError, match="AllocResp"):
+        parse_checkpoint(
+            checkpoint([checkpoint_entry("r", ["0"], b"\x12\x03abc" + alloc_resp(cdi=["v/c=n"]))]), "ck"
+        )
 
 
 def test_flat_device_id_list_of_old_kubelets() -> None:

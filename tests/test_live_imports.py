@@ -46,6 +46,7 @@ HOOK_MODULES = {
     "hook.core.record", "hook.core.rules",
     "hook.core.oci", "hook.core.plan", "hook.core.plainplan",
     "hook.sources.kubelet.checkpoint", "hook.sources.settingsfile", "hook.core.requests",
+    "hook.core.protowire",  # the checkpoint's AllocResp read through the one protobuf codec
     # issue 30: requests split by concern (values, what the engine gave, own asks, the kubelet's word)
     "hook.core.reqtypes", "hook.core.accel", "hook.core.asks", "hook.core.kubeasks",
     "hook.core.decide", "hook.routes.gather", "hook.core.report",
@@ -170,6 +171,7 @@ def test_a_served_slice_pod_loads_no_decision_module(tmp_path: Path, cgroup2: bo
         "hook.sources.settingsfile", "hook.routes.gather", "hook.routes.live", "hook.core.decide",
         "hook.core.report", "hook.core.oci", "hook.core.requests", "hook.routes.resolver",
         "hook.sources.kubelet.checkpoint", "hook.sources.nvidia.inventory", "hook.adapters.marker",
+        "hook.core.protowire",
     }  # fmt: skip
     assert not ours & decision_modules, ours & decision_modules
     assert {"hook.routes.client", "hook.routes.act", "hook.adapters.apply.transaction"} <= ours

@@ -12,6 +12,7 @@ import json
 
 from hook.core.errors import InputError
 from hook.core.kubelet import Allocation, Kubelet, Pod
+from hook.core.protowire import Fields, decode
 from hook.core.record import field, record
 
 __all__ = [
@@ -33,42 +34,11 @@ KNOWN_PATHS = (
 )
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
-
-
-def _fields(buf: bytes) -> list[tuple[int, bytes]]:
-    """Length-delimited fields of one protobuf message; other wire types are skipped."""
-    out, pos = [], 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, pos = _varint(buf, pos)
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            if pos + size > len(buf):
-                raise ValueError("truncated field")
-            out.append((number, buf[pos : pos + size]))
-            pos += size
-        elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-    return out
-
-
-def _text(sub: bytes, number: int) -> str:
-    return next((v.decode() for n, v in _fields(sub) if n == number), "")
+def _text(msg: Fields, number: int) -> str:
+    """A string field as Go's protobuf reads it (the last occurrence wins); strict UTF-8: a
+    response that is not is a corrupt checkpoint, not a name to match."""
+    values = msg.raws(number)
+    return values[-1].decode() if values else ""
 
 
 @record
@@ -84,18 +54,14 @@ def _decode_alloc_resp(data: bytes) -> _Resp:
     """``ContainerAllocateResponse``: envs=1 (map), mounts=2 (Mount{container_path, host_path}),
     devices=3 (DeviceSpec{container_path, host_path, permissions}), annotations=4 (map),
     cdi_devices=5 (CDIDevice{name}); kubelet's deviceplugin/v1beta1 api.proto."""
-    resp = _Resp()
-    for number, sub in _fields(data):
-        if number == 1:
-            resp.envs[_text(sub, 1)] = _text(sub, 2)
-        elif number == 2:
-            resp.mounts.append((_text(sub, 1), _text(sub, 2)))
-        elif number == 3:
-            resp.devices.append((_text(sub, 1), _text(sub, 2)))
-        elif number == 4:
-            resp.annotations[_text(sub, 1)] = _text(sub, 2)
-        elif number == 5:
-            resp.cdi.append(_text(sub, 1))
+    msg, resp = decode(data), _Resp()
+    for entry in msg.messages(1):
+        resp.envs[_text(entry, 1)] = _text(entry, 2)
+    resp.mounts.extend((_text(m, 1), _text(m, 2)) for m in msg.messages(2))
+    resp.devices.extend((_text(d, 1), _text(d, 2)) for d in msg.messages(3))
+    for entry in msg.messages(4):
+        resp.annotations[_text(entry, 1)] = _text(entry, 2)
+    resp.cdi.extend(_text(c, 1) for c in msg.messages(5))
     return resp
 
 
