@@ -96,7 +96,7 @@ def node_work(tmp_path: Path, count: Counter[str], gpus: int, caps: int) -> tupl
         count.clear()
         devpath.run_actions(dev, [("unlink", Change(op="unlink", path=p)) for p in paths])
         work = Counter(count)
-        assert [c.path for c in dev.journal] == paths and not dev.skipped
+        assert [r[1] for r in dev.journal] == paths and not dev.skipped
         assert not os.listdir(root / "nvidia-caps") and os.listdir(root) == ["nvidia-caps"]
         assert not getattr(dev, "dirs", {})  # every directory fd it held is closed
     finally:
@@ -132,7 +132,7 @@ def test_undo_after_a_removed_directory_walks_it_again(tmp_path: Path) -> None:
         devpath.run_actions(
             dev, [("unlink-ours", node), ("rmdir", Change(op="rmdir", path="/dev/a/b")), ("mknod", node)]
         )
-        assert [c.op for c in dev.journal] == ["unlink", "mkdir", "mknod"]
+        assert [r[0] for r in dev.journal] == ["unlink", "mkdir", "mknod"]
         assert stat.S_ISCHR(os.lstat(root / "a" / "b" / "x").st_mode)
     finally:
         os.close(fd)
@@ -156,10 +156,12 @@ def test_the_rule_blocks_are_built_once_per_program(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_journal_row_carries_every_field_of_a_change() -> None:
-    """The helper reports its journal as rows (no field names on the pipe); a field added to
-    ``Change`` and not to the row would be lost on the way back to the parent's undo."""
-    assert tuple(f.name for f in fields(Change)) == devnodes._ROW
-    change = Change(op="unlink", path="/dev/nvidia3", type="c", major=195, minor=3, mode=0o666, uid=7, gid=8)
-    row = devnodes._change_row(change)
-    assert dict(zip(devnodes._ROW, row, strict=True)) == {n: getattr(change, n) for n in devnodes._ROW}
-    assert devnodes._change(row) == change
+    """The helper keeps and reports its journal as rows (no record per node, no field names on the
+    pipe); a field added to ``Change`` and not to the row would be lost on the way to the undo."""
+    assert tuple(f.name for f in fields(Change)) == devpath.ROW
+    c = Change(op="unlink", path="/dev/nvidia3", type="c", major=195, minor=3, mode=0o666, uid=7, gid=8)
+    r = devpath.row(c)
+    assert dict(zip(devpath.ROW, r, strict=True)) == {n: getattr(c, n) for n in devpath.ROW}
+    assert devpath.change(r) == c
+    undo = devnodes.Undo(pid=1, rootfs=None, rows=(tuple(r), ("mknod", "/dev/x", "c", 1, 3, 0o600, 0, 0)))
+    assert undo.journal[0] == c and undo.removed == ("/dev/nvidia3",) and undo.created == ("/dev/x",)

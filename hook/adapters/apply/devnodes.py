@@ -28,7 +28,15 @@ from __future__ import annotations
 import ctypes
 import os
 
-from hook.adapters.apply.devpath import Change, DevDir, open_child_dir, run_actions, split_container_path
+from hook.adapters.apply.devpath import (
+    ROW,
+    Change,
+    DevDir,
+    change,
+    open_child_dir,
+    run_actions,
+    split_container_path,
+)
 from hook.adapters.apply.locate import path_text
 from hook.adapters.log import dumps  # json's own C encoder and scanner: the json package loads re
 from hook.core.errors import ApplyError
@@ -121,7 +129,7 @@ def _child(
     except BaseException as exc:  # the child must always report and exit
         report["error"] = ["", "", repr(exc)]
     if dev is not None:
-        report["journal"] = [_change_row(c) for c in dev.journal]
+        report["journal"] = dev.journal
         report["skipped"] = dev.skipped
     status = 1
     try:
@@ -131,17 +139,11 @@ def _child(
         os._exit(status)  # 1: the parent gets no report and fails the step (the runtime aborts the container)
 
 
-def _change_row(c: Change) -> list[Any]:
-    """One journal entry on the pipe: its fields in ``Change``'s order (``_ROW``), no names."""
-    return [c.op, c.path, c.type, c.major, c.minor, c.mode, c.uid, c.gid]
-
-
-_ROW = ("op", "path", "type", "major", "minor", "mode", "uid", "gid")  # a test holds it to Change's fields
-
-
-def _change(row: list[Any]) -> Change:
-    op, path, type, major, minor, mode, uid, gid = row
-    return Change(op=op, path=path, type=type, major=major, minor=minor, mode=mode, uid=uid, gid=gid)
+def _row(r: object) -> tuple[Any, ...]:
+    """One journal row from the helper's report: exactly ``ROW``'s fields, else the report is unread."""
+    if not isinstance(r, list) or len(r) != len(ROW):
+        raise ValueError("not a journal row")
+    return tuple(r)
 
 
 def _host_devs(host_dev: Sequence[str]) -> frozenset[int]:
@@ -157,7 +159,7 @@ def _host_devs(host_dev: Sequence[str]) -> frozenset[int]:
 
 @record
 class _Outcome:
-    journal: tuple[Change, ...]
+    rows: tuple[tuple[Any, ...], ...]  # the journal (``devpath.ROW``)
     skipped: tuple[tuple[str, str], ...]
     error: tuple[str, str, str] | None
 
@@ -197,13 +199,13 @@ def _in_namespace(
     _, status = os.waitpid(child, 0)
     try:
         report = loads(data)
-        journal = tuple(_change(row) for row in report["journal"])
+        rows = tuple(_row(r) for r in report["journal"])
         skipped = tuple((str(p), str(w)) for p, w in report["skipped"])
         error = report["error"]
     except (ValueError, KeyError, TypeError):
         why = f"the helper in the container's namespace exited without a report (wait status {status})"
-        return _Outcome(journal=(), skipped=(), error=(ns_path, "", why))
-    return _Outcome(journal=journal, skipped=skipped, error=tuple(error) if error else None)
+        return _Outcome(rows=(), skipped=(), error=(ns_path, "", why))
+    return _Outcome(rows=rows, skipped=skipped, error=tuple(error) if error else None)
 
 
 @record
@@ -212,18 +214,23 @@ class Undo:
 
     pid: int
     rootfs: str | None
-    journal: tuple[Change, ...]
+    rows: tuple[tuple[Any, ...], ...]  # the journal as the helper kept it (``devpath.ROW``)
     proc: str = "/proc"
     host_dev: tuple[str, ...] = ("/dev",)
     skipped: tuple[tuple[str, str], ...] = ()  # (container path, why) left alone: not the container's /dev
 
     @property
+    def journal(self) -> tuple[Change, ...]:
+        """Each change done, in order (made from the rows only when asked: an undo, a test)."""
+        return tuple(change(r) for r in self.rows)
+
+    @property
     def created(self) -> tuple[str, ...]:
-        return tuple(c.path for c in self.journal if c.op == "mknod")
+        return tuple(r[1] for r in self.rows if r[0] == "mknod")
 
     @property
     def removed(self) -> tuple[str, ...]:
-        return tuple(c.path for c in self.journal if c.op == "unlink")
+        return tuple(r[1] for r in self.rows if r[0] == "unlink")
 
     def run(self) -> None:
         """Remove what was created (only if still the same device) and re-create what was removed."""
@@ -279,7 +286,7 @@ def apply(
     where = path_text(os.fspath(proc))
     out = _in_namespace(pid, where, rootfs, actions, host_dev)
     undo = Undo(
-        pid=pid, rootfs=rootfs, journal=out.journal, proc=where, host_dev=tuple(host_dev), skipped=out.skipped
+        pid=pid, rootfs=rootfs, rows=out.rows, proc=where, host_dev=tuple(host_dev), skipped=out.skipped
     )
     if out.error:
         file, op, reason = out.error

@@ -23,14 +23,18 @@ from hook.core.record import record
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
 __all__ = [
+    "ROW",
     "Change",
     "DevDir",
     "OtherMount",
     "divmod_dev",
     "open_child_dir",
     "run_actions",
+    "change",
+    "row",
     "split_container_path",
 ]
 
@@ -55,6 +59,20 @@ class Change:
     mode: int = 0
     uid: int = 0
     gid: int = 0
+
+
+ROW = ("op", "path", "type", "major", "minor", "mode", "uid", "gid")  # a journal row: Change's fields
+
+
+def row(c: Change) -> list[Any]:
+    """``c`` as a journal row (``ROW``): what the helper keeps and sends, no record per node."""
+    return [c.op, c.path, c.type, c.major, c.minor, c.mode, c.uid, c.gid]
+
+
+def change(r: Sequence[Any]) -> Change:
+    """A journal row back as the ``Change`` it records (for an undo)."""
+    op, path, type, major, minor, mode, uid, gid = r
+    return Change(op=op, path=path, type=type, major=major, minor=minor, mode=mode, uid=uid, gid=gid)
 
 
 def split_container_path(path: str) -> tuple[str, ...]:
@@ -125,7 +143,7 @@ class DevDir:
     def __init__(self, fd: int, st_dev: int) -> None:
         self.fd = fd
         self.st_dev = st_dev
-        self.journal: list[Change] = []
+        self.journal: list[list[Any]] = []  # rows (``ROW``), in the order done
         self.skipped: list[list[str]] = []  # [container path, why]
         self.dirs: dict[tuple[str, ...], int] = {}
 
@@ -159,7 +177,7 @@ def _walk(dev: DevDir, parts: tuple[str, ...], create: bool) -> int | None:
                 if not create:
                     return None
                 os.mkdir(name, DIR_MODE, dir_fd=fd)
-                dev.journal.append(Change(op="mkdir", path="/dev/" + "/".join(key), mode=DIR_MODE))
+                dev.journal.append(["mkdir", "/dev/" + "/".join(key), "", 0, 0, DIR_MODE, 0, 0])
                 nxt = open_child_dir(fd, name, dev.st_dev)
             dev.dirs[key] = nxt
         fd = nxt
@@ -194,7 +212,7 @@ def _mknod(dev: DevDir, node: Change) -> None:
         raise ApplyError(node.path, "mknod", "exists and is not the planned device node")
     kind = stat.S_IFCHR if node.type == "c" else stat.S_IFBLK
     os.mknod(parts[-1], kind | (node.mode & 0o7777), os.makedev(node.major, node.minor), dir_fd=dirfd)
-    dev.journal.append(node)
+    dev.journal.append(row(node))
     try:
         os.chown(parts[-1], node.uid, node.gid, dir_fd=dirfd, follow_symlinks=False)
     except OSError as exc:
@@ -222,18 +240,7 @@ def _unlink(dev: DevDir, path: str, expect: Change | None) -> None:
     kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
     major, minor = divmod_dev(st.st_rdev)
     mode = stat.S_IMODE(st.st_mode)
-    dev.journal.append(
-        Change(
-            op="unlink",
-            path=path,
-            type=kind,
-            major=major,
-            minor=minor,
-            mode=mode,
-            uid=st.st_uid,
-            gid=st.st_gid,
-        )
-    )
+    dev.journal.append(["unlink", path, kind, major, minor, mode, st.st_uid, st.st_gid])
 
 
 def _rmdir(dev: DevDir, path: str) -> None:
