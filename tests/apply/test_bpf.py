@@ -319,3 +319,57 @@ def test_builder_that_would_clobber_r1_is_refused(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(bpf, "_prologue", lambda digest: [*real(digest), bpf.Insn(bpf.MOV32_K, dst=1, imm=0)])
     with pytest.raises(AssertionError, match="R1 or R10"):
         bpf.build_program([], None, default_allow=False)
+
+
+# ---- range blocks: many same-effect rules on consecutive minors (issue 36 item 5, IMEX channels) ----
+
+span_rule = st.builds(
+    Rule,
+    allow=st.booleans(),
+    type=st.just(C),
+    major=st.sampled_from([234, 235]),
+    minor=st.integers(0, 40),
+    access=st.sampled_from([RWM, RW]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    head=st.lists(rule_st, max_size=3),
+    spans=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 14)), max_size=3),
+    holes=st.sets(st.integers(0, 40), max_size=3),
+    tail=st.lists(span_rule, max_size=6),
+    default_allow=st.booleans(),
+)
+def test_range_blocks_agree_with_evaluate(
+    head: list[Rule],
+    spans: list[tuple[int, int]],
+    holes: set[int],
+    tail: list[Rule],
+    default_allow: bool,
+    bpf_run,
+) -> None:
+    """A privileged pod's shape: rules, runs of exact denies on one major, then more rules."""
+    denied = {m for lo, n in spans for m in range(lo, lo + n)} - holes
+    runs = [Rule(allow=False, type=C, major=234, minor=m) for m in sorted(denied)]
+    rules = [*head, *runs, *tail]
+    prog = bpf.build_program(rules, None, default_allow)
+    for major in (234, 235):
+        for minor in range(42):
+            for access in (R, M, RWM):
+                want = evaluate(rules, C, major, minor, access, default_allow)
+                assert bpf_run(prog, C, major, minor, access) == int(want), (major, minor, access)
+
+
+def test_two_thousand_channel_denies_are_a_few_blocks(bpf_run) -> None:
+    """A pod given IMEX channels 0 and 9 on a driver of 2048: the denies of every other channel
+    are two range blocks, not 2,046 (the kernel's 4,096-instruction limit before 5.2)."""
+    rules = [
+        ALLOW_ALL,
+        *(Rule(allow=False, type=C, major=234, minor=m) for m in range(2048) if m not in (0, 9)),
+    ]
+    prog = bpf.build_program(rules, None, default_allow=False)
+    assert len(prog) // 8 < 40, bpf.disasm(prog)
+    opened = [m for m in (*range(2050), (1 << 20) - 1) if bpf_run(prog, C, 234, m, R)]
+    assert opened == [0, 9, 2048, 2049, (1 << 20) - 1]
+    assert bpf_run(prog, C, 195, 5, RWM) == 1

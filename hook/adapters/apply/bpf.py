@@ -65,6 +65,8 @@ LDX_W, LDX_H, LDX_B, LDX_DW = 0x61, 0x69, 0x71, 0x79
 MOV64_K, MOV32_K, MOV32_X = 0xB7, 0xB4, 0xBC
 AND32_K, RSH32_K = 0x54, 0x74
 JEQ_K, JNE_K, JA, CALL, EXIT = 0x15, 0x55, 0x05, 0x85, 0x95
+JGT_K, JLT_K = 0x25, 0xA5  # unsigned; the ctx's u32 fields load zero-extended
+_SPAN = 8  # this many same-effect rules on consecutive minors or more: one range block
 LD_IMM64 = 0x18
 
 
@@ -122,16 +124,19 @@ def _unconditional(rule: AnyRule) -> bool:
 _INSN = struct.Struct("<BBhi")
 
 
-def _block(rule: AnyRule) -> bytes:
+def _block(rule: AnyRule, span: tuple[int, int] | None = None) -> bytes:
     """One rule's instructions, encoded; every mismatch jumps to the next block (the first byte
-    after this one). Only R0, R3 and R6 are written."""
+    after this one). Only R0, R3 and R6 are written. ``span``: the block stands for the same rule
+    on every minor ``lo..hi`` (two compares instead of a block per minor)."""
     kind, bits = str(rule.type), rule.bits
     ops: list[tuple[int, int, int, bool]] = []  # (opcode, dst | src << 4, imm, jumps to the next block)
     if kind != "a":
         ops.append((JNE_K, 2, _DEV_TYPE[kind], True))
     if rule.major is not None:
         ops.append((JNE_K, 4, rule.major, True))
-    if rule.minor is not None:
+    if span is not None:
+        ops += [(JLT_K, 5, span[0], True), (JGT_K, 5, span[1], True)]
+    elif rule.minor is not None:
         ops.append((JNE_K, 5, rule.minor, True))
     partial = bits != _RWM
     if partial:  # does the rule name any pending bit? (R6 is scratch; R2 must survive)
@@ -155,12 +160,50 @@ def _normal(rules: Sequence[AnyRule], normalized: bool) -> Sequence[AnyRule]:
     return normalize(rules)  # type: ignore[arg-type]  # core Rules: CgroupV2 reads plain ones back first
 
 
+def _effect(rule: AnyRule) -> tuple[object, ...] | None:
+    """What a rule does on any exact minor of its major, or None for a rule on every minor."""
+    if rule.minor is None or rule.major is None or str(rule.type) == "a":
+        return None
+    return (rule.allow, str(rule.type), rule.major, rule.bits)
+
+
+def _spans(rules: Sequence[AnyRule]) -> dict[int, tuple[int, int] | None]:
+    """Position in ``rules`` -> the minor span its block stands for (None: nothing, covered by
+    an earlier position's span), for every rule in a run of neighbours with one effect whose
+    minors hold ``_SPAN`` or more consecutive numbers. Neighbours with one effect decide disjoint
+    devices alike, so their order among themselves does not matter; ~2,000 IMEX channel denies
+    become a few blocks (the kernel's program and verifier limits)."""
+    out: dict[int, tuple[int, int] | None] = {}
+    start = 0
+    while start < len(rules):
+        effect, end = _effect(rules[start]), start + 1
+        while effect is not None and end < len(rules) and _effect(rules[end]) == effect:
+            end += 1
+        if end - start >= _SPAN:
+            at = {r.minor: i for i, r in enumerate(rules[start:end], start) if r.minor is not None}
+            minors = sorted(at)
+            lo = 0
+            for i in range(1, len(minors) + 1):
+                if i == len(minors) or minors[i] != minors[i - 1] + 1:
+                    if i - lo >= _SPAN:
+                        run = minors[lo:i]
+                        out.update(dict.fromkeys((at[m] for m in run), None))
+                        out[min(at[m] for m in run)] = (run[0], run[-1])
+                    lo = i
+        start = end
+    return out
+
+
 def _rule_blocks(rules: Sequence[AnyRule]) -> tuple[bytes, bool]:
     """The blocks for normalized ``rules``, last rule first, encoded; and whether they end open
     (a request none of them decides falls to what follows)."""
     blocks: list[bytes] = []
-    for rule in reversed(rules):
-        blocks.append(_block(rule))
+    backwards = list(reversed(rules))
+    spans = _spans(backwards)
+    for at, rule in enumerate(backwards):
+        if at in spans and spans[at] is None:
+            continue  # its span's block decides it
+        blocks.append(_block(rule, spans.get(at)))
         if _unconditional(rule):  # normalize puts it first; nothing after it can be reached
             return b"".join(blocks), False
     return b"".join(blocks), True
