@@ -24,7 +24,7 @@ from hook.core.requests import (
     is_privileged,
 )
 from hook.core.rules import Access, DeviceType, Rule, Verdicts
-from hook.core.scope import MGMT_ENV, PROBE_MINOR, Grant, Scope, narrowing_scope, whole_majors
+from hook.core.scope import MGMT_ENV, PROBE_MINOR, Grant, Scope, imex_channels, narrowing_scope, whole_majors
 from hook.core.settings import MigManagement, Policy, Settings
 
 __all__ = ["Grant", "Inputs", "Facts", "container_facts", "decide"]
@@ -181,7 +181,9 @@ def _additions(
     return rules, create, replace
 
 
-def _narrowing(inputs: Inputs, within: Scope, privileged: bool) -> tuple[list[Rule], list[str], list[str]]:
+def _narrowing(
+    inputs: Inputs, within: Scope, privileged: bool, warnings: list[str]
+) -> tuple[list[Rule], list[str], list[str]]:
     """Deny every accelerator and NVIDIA-class node outside the scope, and remove the ones the
     engine put in the container. The third value names what was denied, so the log says it.
 
@@ -215,9 +217,18 @@ def _narrowing(inputs: Inputs, within: Scope, privileged: bool) -> tuple[list[Ru
     # keeps its exact allows past a wildcard deny on v1 (the kernel edits only the same entry)
     subsumed = whole if privileged else set()
     rules += [_rule(deny[k], False, access) for k in deny if not (k[0] == "c" and k[1] in subsumed)]
+    # a container keeping an IMEX channel keeps the major: every other channel the driver has is denied
+    imex = imex_channels(within, candidates, rules_now, deny)
+    if imex is not None:
+        rules += [
+            Rule(allow=False, type=DeviceType.CHAR, major=imex.major, minor=m, access=access)
+            for m in imex.minors
+        ]
+        warnings += imex.warnings()
     rules.sort(key=lambda r: (r.major or 0, -1 if r.minor is None else r.minor, str(r.type)))
     remove = sorted({d.path for d in inputs.config.devices if (d.type, d.major, d.minor) in deny})
-    return rules, remove, sorted({*(deny[k].path for k in deny), *(f"c {m}:*" for m in whole)})
+    said = imex.said() if imex is not None else ()
+    return rules, remove, sorted({*(deny[k].path for k in deny), *(f"c {m}:*" for m in whole), *said})
 
 
 def _off_host_dev(
@@ -315,7 +326,7 @@ def decide(inputs: Inputs) -> Plan:
     remove: list[str] = []
     denied: list[str] = []
     if plugin_widened:
-        deny_rules, remove, denied = _narrowing(inputs, scope(inputs, keep), facts.privileged)
+        deny_rules, remove, denied = _narrowing(inputs, scope(inputs, keep), facts.privileged, warnings)
         if inputs.settings.privileged_allocation is Policy.AUDIT:
             warnings.append(
                 f"audit: would deny {len(deny_rules)} accelerator node(s) outside "

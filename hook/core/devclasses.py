@@ -109,6 +109,9 @@ class HostClasses:
     foreign: frozenset[Key] = frozenset()  # DRM nodes sysfs puts on another vendor's device
     gpu_minors: frozenset[int] = frozenset()  # every GPU the driver lists, whether /dev has its node or not
     cap_minors: frozenset[int] = frozenset()  # every MIG capability that exists (config, monitor, GI, CI)
+    # the driver's IMEX channel count (``ImexChannelCount`` of /proc/driver/nvidia/params): channels
+    # 0..count-1 exist, node or not; None where it was not read or did not say
+    imex_count: int | None = None
 
     def driver_nodes(self) -> tuple[Node, ...]:
         """A node for every GPU the driver lists, every MIG capability that exists and every DRM

@@ -10,7 +10,7 @@ own vendor, so another vendor's nodes and every host device keep the privileged 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from fnmatch import fnmatchcase
 
 from hook.core.devclasses import CTL_MINOR, MODESET_MINOR, ClassKind, HostClasses, Key, keeps, whole_gpus
@@ -18,15 +18,18 @@ from hook.core.kpath import container_path
 from hook.core.plan import Node
 from hook.core.record import field, record, replace
 from hook.core.requests import DeviceRequest, Kind, is_accelerator
-from hook.core.rules import Access
+from hook.core.rules import Access, DeviceType, Verdicts
 
 __all__ = [
     "MGMT_ENV",
     "NVIDIA",
     "PROBE_MINOR",
     "Grant",
+    "ImexChannels",
     "Scope",
+    "IMEX_DEFAULT_COUNT",
     "class_majors_of",
+    "imex_channels",
     "narrowing_scope",
     "whole_majors",
 ]
@@ -169,6 +172,64 @@ def whole_majors(within: Scope, known: Iterable[Node]) -> tuple[int, ...]:
         if major not in held and all(within.narrowed(p) for p in _probes(within, major)):
             out.append(major)
     return tuple(out)
+
+
+IMEX_DEFAULT_COUNT = 2048  # nv-reg.h: NVreg_ImexChannelCount's default
+_MINORS = 1 << 20  # the count's documented maximum: a dev_t minor's 20 bits
+_RW = (Access.R | Access.W).value
+
+
+@record
+class ImexChannels:
+    """The IMEX channels a container keeping some of them is denied (``imex_channels``)."""
+
+    major: int
+    minors: tuple[int, ...]  # every channel the driver has that it was not given and its rules open
+    assumed: bool  # the driver's count was not known: its documented default stood for it
+
+    def said(self) -> tuple[str, ...]:
+        """What ``denied`` lists: one entry for them all (a node each would be thousands)."""
+        if not self.minors:
+            return ()
+        n, lo, hi = len(self.minors), self.minors[0], self.minors[-1]
+        return (f"c {self.major}:{lo}-{hi} ({n} IMEX channel(s), node or not)",)
+
+    def warnings(self) -> tuple[str, ...]:
+        if not (self.assumed and self.minors):
+            return ()
+        return (
+            "/proc/driver/nvidia/params does not say the driver's ImexChannelCount: IMEX channels "
+            f"0-{IMEX_DEFAULT_COUNT - 1} (its default count, {IMEX_DEFAULT_COUNT}) are narrowed; "
+            "a channel above them stays open",
+        )
+
+
+def imex_channels(
+    within: Scope, known: Iterable[Node], rules: Verdicts, denied: Container[Key]
+) -> ImexChannels | None:
+    """The IMEX channel major's other channels, for a container that keeps some channel of it
+    (so ``whole_majors`` cannot deny it whole): the driver has channels 0..count-1 whether or not
+    the host made their nodes (``nv-caps-imex.c`` registers exactly that many minors; a minor from
+    the count on has no channel behind it), and a container holding CAP_MKNOD can make any of
+    them. The count is the driver's ``ImexChannelCount``; where it is not known, its documented
+    default (2048). Only channels ``rules`` open (read or write) and not ``denied`` already are
+    listed. None where the container keeps no channel (the major is denied whole)."""
+    major = within.classes.majors.get("nvidia-caps-imex-channels")
+    if major is None:
+        return None
+    kept = {k[2] for k in within.allowed if k[0] == "c" and k[1] == major}
+    kept |= {n.minor for n in known if n.type == "c" and n.major == major and not within.narrowed(n)}
+    if not kept:
+        return None
+    count = within.classes.imex_count
+    top = min(IMEX_DEFAULT_COUNT if count is None else count, _MINORS)
+    char = DeviceType.CHAR
+    minors = tuple(
+        m
+        for m in range(top)
+        if m not in kept and ("c", major, m) not in denied and rules.access(char, major, m) & _RW
+    )
+    return ImexChannels(major=major, minors=minors, assumed=count is None)
 
 
 def _key(node: Node) -> Key:

@@ -63,14 +63,12 @@ def state_from_bundle(bundle: Path) -> OciState:
     )
 
 
-
 def _settings(opts: Options) -> Settings:
     if opts.settings is not None:
         return opts.settings
     if opts.settings_file is not None:
         return load_settings(opts.settings_file, required=True)
     return load_settings(DEFAULT_PATH)
-
 
 
 def load_config(state: OciState) -> OciConfig:
@@ -119,7 +117,8 @@ def inputs_for_config(
 
         scanned = frozenset(n.path for n in host)  # class nodes the scan already found are not walked again
         mig = any("nvidia-caps/" in g.node.path for gs in grants.values() for g in gs)
-        classes = host_classes(opts.driver_root or Path("/"), resolver.loaded_inventory, scanned, mig)
+        imex = any("nvidia-caps-imex-channels/" in g.node.path for gs in grants.values() for g in gs)
+        classes = host_classes(opts.driver_root or Path("/"), resolver.loaded_inventory, scanned, mig, imex)
     return Inputs(
         container_id=container_id,
         config=config,

@@ -237,3 +237,35 @@ def test_a_narrowed_privileged_container_cannot_make_a_node_of_a_class_it_was_no
     # mknod refused: nothing to open (a node made anyway would be EPERM too: the rule is rwm)
     assert {seen[p] for p in denied} <= {"ENOENT", "EPERM"}, seen
     assert {seen[p] for p in made - denied} == {"ENXIO"}, seen  # its card, nvidiactl, nvidia-uvm: opened
+
+
+@pytest.mark.parametrize("cgroup2", [False, True], ids=["cgroup-v1", "cgroup-v2-ebpf"])
+def test_a_pod_given_an_imex_channel_cannot_make_another(
+    bundle_dir: Path, tmp_path: Path, cgroup2: bool
+) -> None:
+    """The same slice pod given IMEX channel 0 keeps the channel major (its own channel), so the
+    major cannot be denied whole: it used to keep every other channel through its allow-all, and
+    mknod-ed channel 5 (no node on the host; the driver has channels 0..ImexChannelCount-1) and
+    opened it (ENXIO: allowed). Every other channel the driver has is now denied (EPERM): 2,047
+    rules, one write each on v1 and two range blocks in the v2 program."""
+    from tests.hosttree import IMEX_MAJOR, TOPOLOGIES
+
+    mine = TOPOLOGIES["8x"].gpus[SLICE_INDEX]
+    node = _node(tmp_path, "8x")
+    (node["root"] / "proc/driver/nvidia/params").write_text("ImexChannelCount: 2048\n")
+    mknods = {"imex0": (IMEX_MAJOR, 0), "imex5": (IMEX_MAJOR, 5), "imex2047": (IMEX_MAJOR, 2047)}
+    script = _script(["/dev/nvidia-caps-imex-channels/channel0"], mknods)
+    b = _slice_pod(bundle_dir, node, script, mine.uuid, "NVIDIA_IMEX_CHANNELS=0")
+    res = run_container(b, cgroup2=cgroup2)
+    assert res.rc == 0, res.stderr
+    seen = parse_probe(res.stdout)
+    made = _mknod_results(res.stdout)
+    assert {p: made[p] for p in ("/tmp/mk-imex5", "/tmp/mk-imex2047")} == dict.fromkeys(
+        ("/tmp/mk-imex5", "/tmp/mk-imex2047"), "EPERM"
+    ), res.stdout
+    assert {seen["/tmp/mk-imex5"], seen["/tmp/mk-imex2047"]} <= {"ENOENT", "EPERM"}, seen
+    # its own channel: the node the hook made, and the same numbers made again, both open
+    assert made["/tmp/mk-imex0"] == "OK", res.stdout
+    assert (seen["/dev/nvidia-caps-imex-channels/channel0"], seen["/tmp/mk-imex0"]) == ("ENXIO", "ENXIO"), (
+        seen
+    )

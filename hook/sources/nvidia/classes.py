@@ -5,9 +5,11 @@ Rule: everything comes from the driver root: ``proc/devices`` (class majors), ``
 ``readlink``, never followed), ``proc/driver/nvidia/gpus/<pci>/information`` (which PCI addresses
 are NVIDIA GPUs, and their minors: every GPU the driver lists, node or not, unless an inventory
 already holds them), ``proc/driver/nvidia-caps/{nvlink,sys}-minors`` (the fabric
-capabilities) and the char nodes of ``dev/`` and its class directories (lstat). Anything unreadable is simply
-not found: an unattributed DRM node is then left to the ``accelerator_nodes`` globs (denied by
-default), so a gap narrows, never frees. Read only for a container that may be narrowed.
+capabilities), ``proc/driver/nvidia/params`` (the IMEX channel count, for a container given a
+channel) and the char nodes of ``dev/`` and its class directories (lstat). Anything unreadable
+is simply not found: an unattributed DRM node is then left to the ``accelerator_nodes`` globs
+(denied by default), so a gap narrows, never frees. Read only for a container that may be
+narrowed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
     from hook.sources.nvidia.model import Inventory
 
-__all__ = ["host_classes", "read_classes"]
+__all__ = ["host_classes", "imex_count", "read_classes"]
 
 _FABRIC_FILES: Final = ("proc/driver/nvidia-caps/nvlink-minors", "proc/driver/nvidia-caps/sys-minors")
 _MAX: Final = 1 << 16  # these files are a few lines; more is not the driver's
@@ -159,16 +161,35 @@ def _cap_minors(root: Path, inventory: Inventory | None, mig: bool) -> frozenset
     return frozenset([*found, *(c.minor for c in table.gi.values()), *(c.minor for c in table.ci.values())])
 
 
+def imex_count(root: Path) -> int | None:
+    """The driver's IMEX channel count, as it shows it: ``ImexChannelCount: <n>`` in
+    ``proc/driver/nvidia/params`` (open-gpu-kernel-modules prints every ``nv_parms`` entry there,
+    ``NVreg_ImexChannelCount`` among them, since the driver has IMEX channels); None where the
+    file is unreadable or does not say, and the decision falls back to the documented default."""
+    for line in _read(root, "proc/driver/nvidia/params").splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "ImexChannelCount" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
 def host_classes(
-    root: Path, inventory: Inventory | None = None, skip: frozenset[str] = frozenset(), mig: bool = False
+    root: Path,
+    inventory: Inventory | None = None,
+    skip: frozenset[str] = frozenset(),
+    mig: bool = False,
+    imex: bool = False,
 ) -> HostClasses:
     """``read_classes``; where the driver root has no ``/proc/devices`` names (a simulation from an
     ``--inventory`` snapshot), the snapshot's majors name the classes it knows. ``mig``: the
-    container was granted a MIG capability node, so every existing capability's minor is read."""
+    container was granted a MIG capability node, so every existing capability's minor is read.
+    ``imex``: it was granted an IMEX channel, so the driver's channel count is read."""
     gpus = {g.pci_bus_id: g.minor for g in inventory.gpus} if inventory is not None else None
     found = read_classes(root, gpus or None, skip)
     if found.majors and "nvidia-caps" in found.majors:
         found = replace(found, cap_minors=_cap_minors(root, inventory, mig))
+    if imex:
+        found = replace(found, imex_count=imex_count(root))
     if found.majors or inventory is None:
         return found
     m = inventory.majors
