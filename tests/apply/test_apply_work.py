@@ -80,9 +80,11 @@ def dev_tree(root: Path, gpus: int, caps: int) -> list[str]:
     paths = []
     for n in range(gpus):
         os.mknod(root / f"nvidia{n}", stat.S_IFCHR | 0o666, os.makedev(195, n))
+        os.chmod(root / f"nvidia{n}", 0o666)  # past the umask, as runc makes them
         paths.append(f"/dev/nvidia{n}")
     for n in range(caps):
         os.mknod(root / "nvidia-caps" / f"nvidia-cap{n}", stat.S_IFCHR | 0o444, os.makedev(511, n))
+        os.chmod(root / "nvidia-caps" / f"nvidia-cap{n}", 0o444)
         paths.append(f"/dev/nvidia-caps/nvidia-cap{n}")
     return paths
 
@@ -97,6 +99,11 @@ def node_work(tmp_path: Path, count: Counter[str], gpus: int, caps: int) -> tupl
         devpath.run_actions(dev, [("unlink", Change(op="unlink", path=p)) for p in paths])
         work = Counter(count)
         assert [r[1] for r in dev.journal] == paths and not dev.skipped
+        # what an undo re-creates: the removed node as it was (the row read back as its Change)
+        assert devpath.change(dev.journal[0]) == Change(
+            op="unlink", path="/dev/nvidia0", type="c", major=195, minor=0, mode=0o666, uid=0, gid=0
+        )
+        assert devpath.change(dev.journal[-1]).mode == 0o444
         assert not os.listdir(root / "nvidia-caps") and os.listdir(root) == ["nvidia-caps"]
         assert not getattr(dev, "dirs", {})  # every directory fd it held is closed
     finally:
