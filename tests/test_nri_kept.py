@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from hook.routes.nri import messages, proto
+from hook.core import protowire
+from hook.routes.nri import messages
 from tests import nrifake as f
 
 
@@ -47,14 +48,14 @@ def test_a_big_containers_devices_are_decoded_once(monkeypatch: pytest.MonkeyPat
     payload = _container([f.device(f"/dev/nvidia-caps/nvidia-cap{i}", "c", 237, i) for i in range(520)])
     messages.event(messages.CREATE_CONTAINER, payload)
     calls = {"n": 0}
-    real = proto.decode
+    real = protowire.decode
 
     def counting(buf: Any) -> Any:
         calls["n"] += 1
         return real(buf)
 
     monkeypatch.setattr(messages, "decode", counting)
-    monkeypatch.setattr(proto, "decode", counting)
+    monkeypatch.setattr(protowire, "decode", counting)
     messages.event(messages.CREATE_CONTAINER, payload)
     assert calls["n"] <= 10  # the event, pod, container, linux, resources: not per device
 
