@@ -93,6 +93,19 @@ def _run_and_probe(c: dict[str, Any]) -> dict[str, str]:
     return parse_probe(Path(c["out"]).read_text())
 
 
+def _count_forks() -> list[int]:
+    """``os.fork`` counted from here on (the daemon narrows in a thread: none is expected)."""
+    calls: list[int] = []
+    real = os.fork
+
+    def counted() -> int:
+        calls.append(1)
+        return real()
+
+    os.fork = counted
+    return calls
+
+
 def _ctr(c: dict[str, Any], *, pid: int | None = None, cgroups_path: str | None = None) -> bytes:
     return f.container(
         c["id"],
@@ -120,6 +133,7 @@ def main(work: Path, case: str) -> dict[str, Any]:
     settings.write_text(json.dumps({"log_file": str(work / "hook.log"), "cache_dir": str(work / "cache"),
                                     "driver_root": str(root), "kubelet_checkpoint": str(ck)}))  # fmt: skip
     result: dict[str, Any] = {}
+    forks = _count_forks()
     a = _container(work, "a")
     rt = f.FakeRuntime(work / "nri.sock")
     f.start_daemon(work / "nri.sock", settings, sessions=2, sleep=lambda _s: None)
@@ -197,6 +211,7 @@ def main(work: Path, case: str) -> dict[str, Any]:
             }
             subprocess.run([RUNC, "--root", str(c["state"]), "delete", "-f", c["id"]], timeout=30)
     rt.close()
+    result["forks"] = len(forks)  # the daemon's own (subprocess and runc fork through fork_exec)
     result["a"] = _run_and_probe(a)
     log = work / "hook.log"
     result["records"] = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []

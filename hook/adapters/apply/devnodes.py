@@ -54,12 +54,17 @@ if TYPE_CHECKING:
 __all__ = ["Change", "Undo", "apply", "split_container_path"]
 
 CLONE_NEWNS = 0x00020000
+CLONE_FS = 0x00000200
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _setns(fd: int) -> None:
     if hasattr(os, "setns"):
         os.setns(fd, CLONE_NEWNS)
-    elif ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNS) != 0:
+    elif _libc().setns(fd, CLONE_NEWNS) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -94,18 +99,19 @@ def _open_dev(root_fd: int, host_devs: frozenset[int]) -> DevDir | None:
     return DevDir(fd, st.st_dev)
 
 
-def _child(
+def _work(
     ns_fd: int,
-    wfd: int,
     ids: tuple[Any, Any],
     rootfs: str | None,
     actions: Sequence[tuple[str, Change]],
     host_devs: frozenset[int],
-    ns_name: str = "mount namespace",
-) -> None:
-    """Runs in the forked child: join, resolve root and /dev, act, report; never returns."""
+    ns_name: str,
+) -> dict[str, Any]:
+    """Join, resolve root and /dev, act; the report. Never raises, and closes every fd it opened
+    (a helper thread's fds are the daemon's own)."""
     report: dict[str, Any] = {"error": None, "journal": [], "skipped": []}
     dev: DevDir | None = None
+    root_fd = -1
     try:
         try:
             _setns(ns_fd)
@@ -126,11 +132,66 @@ def _child(
         report["error"] = [exc.file, exc.field, exc.reason]
     except OSError as exc:
         report["error"] = [exc.filename or "", "", exc.strerror or str(exc)]
-    except BaseException as exc:  # the child must always report and exit
+    except BaseException as exc:  # the helper must always report (and the child exit)
         report["error"] = ["", "", repr(exc)]
     if dev is not None:
         report["journal"] = dev.journal
         report["skipped"] = dev.skipped
+        dev.close()
+        os.close(dev.fd)
+    if root_fd >= 0:
+        os.close(root_fd)
+    return report
+
+
+def _thread(
+    ns_fd: int,
+    ids: tuple[Any, Any],
+    rootfs: str | None,
+    actions: Sequence[tuple[str, Change]],
+    host_devs: frozenset[int],
+    ns_name: str,
+) -> dict[str, Any]:
+    """``_work`` in a new thread of this process, for a long-lived daemon (a fork copies its
+    memory per start). The thread first unshares its filesystem attributes (``CLONE_FS``: root,
+    cwd, umask), which Linux requires before ``setns(CLONE_NEWNS)`` in one thread of many, so the
+    join, the root and the umask are that thread's alone; it then ends, never serving anything
+    else. Nothing in it imports (the report is the same dict the child writes)."""
+    import _thread
+
+    unshare = _libc().unshare  # resolved here, in the daemon's namespace
+    done = _thread.allocate_lock()
+    done.acquire()
+    out: list[dict[str, Any]] = []
+
+    def body() -> None:
+        try:
+            if unshare(CLONE_FS) != 0:
+                err = ctypes.get_errno()
+                out.append({"error": [ns_name, "unshare", os.strerror(err)], "journal": [], "skipped": []})
+            else:
+                out.append(_work(ns_fd, ids, rootfs, actions, host_devs, ns_name))
+        except BaseException as exc:  # always report, never print (a traceback reads files)
+            out.append({"error": ["", "", repr(exc)], "journal": [], "skipped": []})
+        finally:
+            done.release()
+
+    _thread.start_new_thread(body, ())
+    done.acquire()
+    return out[0]
+
+
+def _child(
+    ns_fd: int,
+    wfd: int,
+    ids: tuple[Any, Any],
+    rootfs: str | None,
+    actions: Sequence[tuple[str, Change]],
+    host_devs: frozenset[int],
+    ns_name: str = "mount namespace",
+) -> None:
+    """Runs in the forked child: ``_work``, then its report on the pipe; never returns."""
+    report = _work(ns_fd, ids, rootfs, actions, host_devs, ns_name)
     status = 1
     try:
         os.write(wfd, dumps(report).encode())
@@ -170,8 +231,10 @@ def _in_namespace(
     rootfs: str | None,
     actions: Sequence[tuple[str, Change]],
     host_dev: Sequence[str],
+    in_thread: bool = False,
 ) -> _Outcome:
-    """Fork a child into ``pid``'s mount namespace to run ``actions``; its journal, skips and error."""
+    """Fork a child (``in_thread``: start a thread, ``_thread``) into ``pid``'s mount namespace to
+    run ``actions``; its journal, skips and error."""
     ns_path = os.path.join(proc, str(pid), "ns", "mnt")
     try:
         ns_fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
@@ -185,6 +248,37 @@ def _in_namespace(
         raise ApplyError(exc.filename or "/", "stat", exc.strerror or str(exc)) from exc
     ids = ((rootfs_st.st_dev, rootfs_st.st_ino) if rootfs_st else None, (host_root.st_dev, host_root.st_ino))
     host_devs = _host_devs(host_dev)
+    if in_thread:
+        try:
+            report = _thread(ns_fd, ids, rootfs, actions, host_devs, ns_path)
+        finally:
+            os.close(ns_fd)
+        status = 0
+        data = b""
+    else:
+        data, status = _forked(ns_fd, ids, rootfs, actions, host_devs, ns_path)
+        report = None
+    try:
+        if report is None:
+            report = loads(data)
+        rows = tuple(_row(r) for r in report["journal"])
+        skipped = tuple((str(p), str(w)) for p, w in report["skipped"])
+        error = report["error"]
+    except (ValueError, KeyError, TypeError):
+        why = f"the helper in the container's namespace exited without a report (wait status {status})"
+        return _Outcome(rows=(), skipped=(), error=(ns_path, "", why))
+    return _Outcome(rows=rows, skipped=skipped, error=tuple(error) if error else None)
+
+
+def _forked(
+    ns_fd: int,
+    ids: tuple[Any, Any],
+    rootfs: str | None,
+    actions: Sequence[tuple[str, Change]],
+    host_devs: frozenset[int],
+    ns_path: str,
+) -> tuple[bytes, int]:
+    """The child's report (bytes) and its wait status; closes ``ns_fd``."""
     dumps(None)  # the encoder is built here: the child, in the container's namespace, imports nothing
     rfd, wfd = os.pipe()
     child = os.fork()
@@ -197,15 +291,7 @@ def _in_namespace(
     with os.fdopen(rfd, "rb") as reader:
         data = reader.read()
     _, status = os.waitpid(child, 0)
-    try:
-        report = loads(data)
-        rows = tuple(_row(r) for r in report["journal"])
-        skipped = tuple((str(p), str(w)) for p, w in report["skipped"])
-        error = report["error"]
-    except (ValueError, KeyError, TypeError):
-        why = f"the helper in the container's namespace exited without a report (wait status {status})"
-        return _Outcome(rows=(), skipped=(), error=(ns_path, "", why))
-    return _Outcome(rows=rows, skipped=skipped, error=tuple(error) if error else None)
+    return data, status
 
 
 @record
@@ -218,6 +304,7 @@ class Undo:
     proc: str = "/proc"
     host_dev: tuple[str, ...] = ("/dev",)
     skipped: tuple[tuple[str, str], ...] = ()  # (container path, why) left alone: not the container's /dev
+    in_thread: bool = False  # undone the way it was done (see ``_in_namespace``)
 
     @property
     def journal(self) -> tuple[Change, ...]:
@@ -238,7 +325,7 @@ class Undo:
         actions = [(inverse[c.op], c) for c in reversed(self.journal)]
         if not actions:
             return
-        out = _in_namespace(self.pid, self.proc, self.rootfs, actions, self.host_dev)
+        out = _in_namespace(self.pid, self.proc, self.rootfs, actions, self.host_dev, self.in_thread)
         if out.error:
             file, op, reason = out.error
             raise ApplyError(file, f"undo {op}" if op else "undo", reason)
@@ -252,6 +339,7 @@ def apply(
     rootfs: str | None = None,
     proc: str | PathLike[str] = "/proc",
     host_dev: Sequence[str] = ("/dev",),
+    in_thread: bool = False,
 ) -> Undo:
     """Create ``create`` and remove ``remove`` in ``pid``'s container; on failure undo and raise.
 
@@ -284,9 +372,15 @@ def apply(
         actions.append(("unlink", Change(op="unlink", path=p)))
     actions += made
     where = path_text(os.fspath(proc))
-    out = _in_namespace(pid, where, rootfs, actions, host_dev)
+    out = _in_namespace(pid, where, rootfs, actions, host_dev, in_thread)
     undo = Undo(
-        pid=pid, rootfs=rootfs, rows=out.rows, proc=where, host_dev=tuple(host_dev), skipped=out.skipped
+        pid=pid,
+        rootfs=rootfs,
+        rows=out.rows,
+        proc=where,
+        host_dev=tuple(host_dev),
+        skipped=out.skipped,
+        in_thread=in_thread,
     )
     if out.error:
         file, op, reason = out.error

@@ -102,6 +102,7 @@ def apply_plan(
     rootfs: str | None = None,
     target: locate.CgroupTarget | None = None,
     host_dev: Sequence[str] = ("/dev",),
+    in_thread: bool = False,
 ) -> AppliedInfo:
     """Apply ``plan`` to the container whose init is ``pid``; all or nothing. The decision core's
     ``Plan`` and the wire's ``PlainPlan`` (what a decision carries, ``hook.routes.decision``) apply alike.
@@ -109,7 +110,8 @@ def apply_plan(
     ``rootfs`` is the bundle's root path on the host (needed before pivot_root, i.e. for runc
     prestart/createRuntime hooks; see ``devnodes``). ``target`` is the cgroup already located
     (and checked to be the container's, ``locate.find_container``); ``host_dev`` the host's
-    ``/dev`` directories, which node changes never touch.
+    ``/dev`` directories, which node changes never touch; ``in_thread``: node changes join the
+    container's namespace in a thread, not a forked child (a long-lived daemon, ``devnodes``).
     """
     undos: list[tuple[str, Callable[[], None]]] = []
     if target is None:
@@ -138,7 +140,9 @@ def apply_plan(
             # the paths runc created the nodes at: //dev/x is /dev/x (devnodes refuses any other spelling)
             create = [replace(n, path=container_path(n.path)) for n in plan.create]
             remove = [container_path(p) for p in plan.remove]
-            undo = devnodes.apply(pid, create, remove, rootfs=rootfs, proc=proc, host_dev=host_dev)
+            undo = devnodes.apply(
+                pid, create, remove, rootfs=rootfs, proc=proc, host_dev=host_dev, in_thread=in_thread
+            )
         except (HookError, OSError) as exc:
             raise _fail("device nodes", exc, undos) from exc
         undos.append(("device nodes", undo.run))

@@ -223,7 +223,12 @@ def on_start(
         from hook.adapters.apply.transaction import apply_plan
 
         applied = apply_plan(
-            narrowing, checked.pid, rootfs=None, target=checked.target, host_dev=tuple(inputs.host_dev)
+            narrowing,
+            checked.pid,
+            rootfs=None,
+            target=checked.target,
+            host_dev=tuple(inputs.host_dev),
+            in_thread=True,  # the daemon is long-lived: a fork per start copies it
         )
         if not alive(checked.pidfd):
             raise InputError(source, "pid", f"{checked.pid} exited while it was narrowed")
