@@ -62,7 +62,7 @@ HOOK_MODULES = {
     # issue 28: every NVIDIA device class narrowed (the classes, the scope, the host's class nodes)
     "hook.core.devclasses", "hook.core.scope", "hook.sources.nvidia.classes",
     "hook.adapters.apply", "hook.adapters.apply.transaction", "hook.adapters.apply.devnodes",
-    "hook.adapters.apply.devpath",
+    "hook.adapters.apply.devpath", "hook.adapters.apply.libcalls",
     "hook.adapters.apply.locate", "hook.adapters.apply.cgroup_v1", "hook.sources.cachefile",
     "hook.core.escape",
     # issue 23: the (absent) decider is asked first; views kept only in it
@@ -144,7 +144,8 @@ def test_the_slice_pods_live_path_loads_what_it_uses(tmp_path: Path, cgroup2: bo
     loaded = set(runs[-1]["loaded"])  # type: ignore[call-overload]
     ours = {m for m in loaded if m == "hook" or m.startswith("hook.")}
     assert ours == (HOOK_MODULES | V2_MODULES if cgroup2 else HOOK_MODULES)
-    forbidden = (FORBIDDEN - V2_MODULES if cgroup2 else FORBIDDEN) | {"platform"}
+    # ctypes: the node helper's setns and openat2 go through _ctypes alone; v2's bpf(2) loads it
+    forbidden = (FORBIDDEN - V2_MODULES if cgroup2 else FORBIDDEN | {"ctypes"}) | {"platform"}
     assert not {m for m in loaded if m in forbidden or any(m.startswith(f + ".") for f in forbidden)}
 
 
@@ -216,17 +217,19 @@ WRAPPER_HOOK = {
     "hook.routes.runtimeargs.values",
 }  # fmt: skip
 # Applying a plan with nodes (live routes): the plain plan, the cgroup writer, the node helper
-# (ctypes: setns and openat2, which this Python's os lacks).
-APPLY_STDLIB = {"ctypes", "_ctypes", "ctypes._endian", "struct", "_struct", "types", "errno"}
+# (setns and openat2, which this Python's os lacks, through _ctypes alone: the ctypes package's
+# Python layer, types, struct and ctypes._endian, cost about 2 ms of every such start).
+APPLY_STDLIB = {"_ctypes", "_struct", "errno"}
 APPLY_HOOK = {
     "hook.core.plainplan", "hook.core.errors", "hook.core.kpath", "hook.adapters.apply",
     "hook.adapters.apply.transaction", "hook.adapters.apply.locate", "hook.adapters.apply.devnodes",
-    "hook.adapters.apply.devpath",
+    "hook.adapters.apply.devpath", "hook.adapters.apply.libcalls",
 }  # fmt: skip
 V1_HOOK = {"hook.adapters.apply.cgroup_v1"}
 # cgroup v2: the eBPF program is built from the plan's normal list (normalized where it was
-# decided: no enum here) and loaded with RLIMIT_MEMLOCK raised.
-V2_STDLIB = {"resource"}
+# decided: no enum here) and loaded with RLIMIT_MEMLOCK raised; bpf(2)'s attribute structs are
+# ctypes Structures (the ctypes package: v2 alone).
+V2_STDLIB = {"resource", "ctypes", "ctypes._endian", "struct", "types"}
 V2_HOOK = {"hook.adapters.apply.cgroup_v1", "hook.adapters.apply.cgroup_v2", "hook.adapters.apply.bpf",
            "hook.adapters.apply.bpf_sys"}  # fmt: skip
 # The crun guard's gate is read where a rule crun's systemd driver could widen (one CDI GPU, no

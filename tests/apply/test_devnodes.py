@@ -4,7 +4,6 @@ that exists only in that namespace; hostile rootfs layouts must leave the host u
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import shutil
@@ -298,14 +297,14 @@ def test_mknod_failure_names_the_node_and_the_operation(
 
 
 class _Openat2Fails:
-    """``_libc`` whose ``openat2`` fails with one errno (seccomp's EPERM, an old kernel's ENOSYS...)."""
+    """``openat2`` that fails with one errno (seccomp's EPERM, an old kernel's ENOSYS...), as
+    ``hook.adapters.apply.libcalls.openat2`` reports it."""
 
     def __init__(self, err: int) -> None:
         self.err = err
 
-    def syscall(self, *args: object) -> int:
-        ctypes.set_errno(self.err)
-        return -1
+    def __call__(self, dirfd: int, name: str, flags: int, resolve: int) -> int:
+        raise OSError(self.err, os.strerror(self.err), name)
 
 
 @pytest.mark.parametrize("err", [errno.ENOSYS, errno.EPERM], ids=["ENOSYS", "EPERM"])
@@ -314,7 +313,7 @@ def test_openat2_unavailable_falls_back_to_the_walk(
 ) -> None:
     (tmp_path / "sub").mkdir()
     monkeypatch.setattr(devpath, "_openat2_works", [True])
-    monkeypatch.setattr(devpath, "_libc", _Openat2Fails(err))
+    monkeypatch.setattr(devpath, "openat2", _Openat2Fails(err))
     dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fd = devpath.open_child_dir(dirfd, "sub")
@@ -329,7 +328,7 @@ def test_openat2_refusal_is_not_retried_by_the_walk(tmp_path: Path, monkeypatch:
     """Any other errno is openat2's answer (here EACCES): the fallback must not second-guess it."""
     (tmp_path / "sub").mkdir()
     monkeypatch.setattr(devpath, "_openat2_works", [True])
-    monkeypatch.setattr(devpath, "_libc", _Openat2Fails(errno.EACCES))
+    monkeypatch.setattr(devpath, "openat2", _Openat2Fails(errno.EACCES))
     dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(PermissionError) as info:

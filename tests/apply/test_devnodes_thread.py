@@ -5,6 +5,7 @@ before, and no process is forked."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable
@@ -89,12 +90,11 @@ def test_a_thread_that_cannot_unshare_never_joins(
     rely on it)."""
     joined: list[int] = []
 
-    class NoUnshare:
-        def unshare(self, flags: int) -> int:
-            return -1
+    def no_unshare(flags: int) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
 
-    monkeypatch.setattr(devnodes, "_libc", NoUnshare)
-    monkeypatch.setattr(devnodes, "_setns", joined.append)
+    monkeypatch.setattr(devnodes, "unshare", no_unshare)
+    monkeypatch.setattr(devnodes, "setns", lambda fd, nstype: joined.append(fd))
     pid = spawn(pivoted(make_rootfs(tmp_path)))
     before = _own()
     with pytest.raises(ApplyError) as info:

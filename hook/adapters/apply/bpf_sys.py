@@ -1,6 +1,7 @@
 """Raw bpf(2) through ctypes: load, attach, replace, detach, query and dump cgroup device programs.
 
-Rule: this is the only module that uses ctypes, and it decides nothing; every failure becomes an
+Rule: this is the only module that loads the ctypes package (the node helper's two calls go
+through ``_ctypes`` alone: ``hook.adapters.apply.libcalls``), and it decides nothing; every failure becomes an
 ``ApplyError`` naming the bpf command and the errno (plus the verifier log for a failed load).
 Every fd it returns is O_CLOEXEC (the kernel sets it for bpf fds) and owned by the caller.
 """

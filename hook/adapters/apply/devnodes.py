@@ -25,7 +25,6 @@ the skipped paths come back in ``Undo.skipped`` for the report's warnings.
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 from hook.adapters.apply.devpath import (
@@ -37,6 +36,7 @@ from hook.adapters.apply.devpath import (
     run_actions,
     split_container_path,
 )
+from hook.adapters.apply.libcalls import setns, unshare
 from hook.adapters.apply.locate import path_text
 from hook.adapters.log import dumps  # json's own C encoder and scanner: the json package loads re
 from hook.core.errors import ApplyError
@@ -55,18 +55,6 @@ __all__ = ["Change", "Undo", "apply", "split_container_path"]
 
 CLONE_NEWNS = 0x00020000
 CLONE_FS = 0x00000200
-
-
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if hasattr(os, "setns"):
-        os.setns(fd, CLONE_NEWNS)
-    elif _libc().setns(fd, CLONE_NEWNS) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
 
 
 def _container_root(
@@ -114,7 +102,7 @@ def _work(
     root_fd = -1
     try:
         try:
-            _setns(ns_fd)
+            setns(ns_fd, CLONE_NEWNS)
         except OSError as exc:
             raise ApplyError(ns_name, "setns", exc.strerror or str(exc)) from exc
         os.umask(0)
@@ -159,16 +147,17 @@ def _thread(
     else. Nothing in it imports (the report is the same dict the child writes)."""
     import _thread
 
-    unshare = _libc().unshare  # resolved here, in the daemon's namespace
     done = _thread.allocate_lock()
     done.acquire()
     out: list[dict[str, Any]] = []
 
     def body() -> None:
         try:
-            if unshare(CLONE_FS) != 0:
-                err = ctypes.get_errno()
-                out.append({"error": [ns_name, "unshare", os.strerror(err)], "journal": [], "skipped": []})
+            try:
+                unshare(CLONE_FS)  # libc's symbol was resolved at import, in the daemon's namespace
+            except OSError as exc:
+                out.append({"error": [ns_name, "unshare", os.strerror(exc.errno or 0)], "journal": [],
+                            "skipped": []})  # fmt: skip
             else:
                 out.append(_work(ns_fd, ids, rootfs, actions, host_devs, ns_name))
         except BaseException as exc:  # always report, never print (a traceback reads files)

@@ -12,11 +12,11 @@ written to the journal first-hand, so the parent can undo exactly what was done.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
 
+from hook.adapters.apply.libcalls import openat2
 from hook.core.errors import ApplyError
 from hook.core.record import record
 
@@ -38,7 +38,6 @@ __all__ = [
     "split_container_path",
 ]
 
-SYS_OPENAT2 = 437  # x86_64 and aarch64 (asm-generic) alike
 RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
@@ -85,13 +84,6 @@ def split_container_path(path: str) -> tuple[str, ...]:
 
 # ---- syscalls ---------------------------------------------------------------------------------
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
 _openat2_works = [True]
 
 
@@ -109,16 +101,14 @@ def open_child_dir(dirfd: int, name: str, same_dev: int | None = None) -> int:
         resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH
         if same_dev is not None:
             resolve |= RESOLVE_NO_XDEV
-        how = _OpenHow(_DIR_FLAGS, 0, resolve)
-        fd = _libc.syscall(SYS_OPENAT2, dirfd, name.encode(), ctypes.byref(how), ctypes.sizeof(how))
-        if fd >= 0:
-            return int(fd)
-        err = ctypes.get_errno()
-        if err == errno.EXDEV and same_dev is not None:
-            raise OtherMount(name)
-        if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: seccomp may block unknown syscalls
-            raise OSError(err, os.strerror(err), name)
-        _openat2_works[0] = False
+        try:
+            return openat2(dirfd, name, _DIR_FLAGS, resolve)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV and same_dev is not None:
+                raise OtherMount(name) from None
+            if exc.errno not in (errno.ENOSYS, errno.EPERM):  # EPERM: seccomp may block unknown syscalls
+                raise
+            _openat2_works[0] = False
     fd = os.open(name, _DIR_FLAGS, dir_fd=dirfd)
     st = os.fstat(fd)
     if not stat.S_ISDIR(st.st_mode):  # O_PATH|O_NOFOLLOW opens a symlink itself
