@@ -236,10 +236,10 @@ def test_memory_is_bounded_and_forgotten_on_stop_and_remove(tmp_path: Path, node
         f.container(f"{i:064x}", state=3, pid=4_000_000, rules=[f.rule(True)]) for i in range(100, 150)
     ]
     plugin.call("Synchronize", f.synchronize([], running))
-    assert plugin.remembered() == 16  # 8 created awaiting start, 8 late narrowings queued
+    assert plugin.remembered() == 24  # 8 created awaiting start (trims, decision), 8 late narrowings
     for method in ("StopContainer", "RemoveContainer"):
         plugin.call(method, f.event(f.pod(), f.container(f"{49:064x}")))
-    assert plugin.remembered() == 15
+    assert plugin.remembered() == 22
 
 
 def test_a_refused_registration_ends_the_session_and_backs_off(

@@ -106,6 +106,21 @@ def _count_forks() -> list[int]:
     return calls
 
 
+def _count_decisions() -> list[int]:
+    """``hook.core.decide.decide`` counted from here on (the daemon's, in this process)."""
+    from hook.core import decide as module
+
+    calls: list[int] = []
+    real = module.decide
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kw)
+
+    module.decide = counted  # type: ignore[assignment]
+    return calls
+
+
 def _ctr(c: dict[str, Any], *, pid: int | None = None, cgroups_path: str | None = None) -> bytes:
     return f.container(
         c["id"],
@@ -134,7 +149,9 @@ def main(work: Path, case: str) -> dict[str, Any]:
                                     "driver_root": str(root), "kubelet_checkpoint": str(ck)}))  # fmt: skip
     result: dict[str, Any] = {}
     forks = _count_forks()
-    a = _container(work, "a")
+    decisions = _count_decisions()
+    # narrow: privileged as engines make one, CAP_SYS_ADMIN in its bounding set (create assumes it)
+    a = _container(work, "a", bounding=["CAP_SYS_ADMIN"] if case == "narrow" else None)
     rt = f.FakeRuntime(work / "nri.sock")
     f.start_daemon(work / "nri.sock", settings, sessions=2, sleep=lambda _s: None)
     if case in ("late", "restart"):  # a started container the daemon never saw: Synchronize lists it
@@ -212,6 +229,7 @@ def main(work: Path, case: str) -> dict[str, Any]:
             subprocess.run([RUNC, "--root", str(c["state"]), "delete", "-f", c["id"]], timeout=30)
     rt.close()
     result["forks"] = len(forks)  # the daemon's own (subprocess and runc fork through fork_exec)
+    result["decisions"] = len(decisions)
     result["a"] = _run_and_probe(a)
     log = work / "hook.log"
     result["records"] = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []

@@ -44,6 +44,7 @@ def test_start_narrows_the_privileged_container_to_its_allocation_before_it_runs
     assert out["create"] == [0, ""] and out["start"] == [0, ""]
     assert out["a"] == NARROWED
     assert out["forks"] == 0  # the nodes were removed from a thread in the container's namespace
+    assert out["decisions"] == 1  # start's config (bounding read from the process) is create's: reused
     create, start = out["records"]
     assert (create["stage"], start["stage"]) == ("create", "start")
     assert start["route"] == "nri" and start["cgroup_version"] == (2 if cgroup2 else 1)
@@ -89,6 +90,7 @@ def test_management_caps_need_cap_sys_admin_read_from_the_started_process(tmp_pa
         "oci-device-hook: deny: NVIDIA_MIG_CONFIG_DEVICES=all needs CAP_SYS_ADMIN"
     )
     assert out["with"]["start"] == [0, ""]
+    assert out["decisions"] == 3  # "without" decided again at start (its bounding differs), "with" not
 
 
 @CGROUPS

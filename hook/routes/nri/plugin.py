@@ -8,7 +8,8 @@ within seconds of registration (``work``), logged with ``late: true`` and counte
 start answer through ``hook.routes.nri.verdicts``; every decision that did something is logged as
 every route logs. Memory is per container, from create to stop or remove, and bounded
 (``MAX_REMEMBERED``, oldest first out): a forgotten container is narrowed again at the next
-start or Synchronize, which changes nothing twice (the apply adapters are idempotent).
+start or Synchronize, which changes nothing twice (the apply adapters are idempotent). Create's
+decision is kept for that container's start only (``MAX_DECIDED``): one forgotten is made again.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from typing import Any
 
 from hook.core.rules import Rule
 from hook.routes.nri import messages as m
-from hook.routes.nri.verdicts import Answer, Ctx, on_create, on_start
+from hook.routes.nri.verdicts import Answer, Ctx, Decided, on_create, on_start
 
-__all__ = ["EVENTS", "MAX_REMEMBERED", "Plugin", "rules_applied"]
+__all__ = ["EVENTS", "MAX_DECIDED", "MAX_REMEMBERED", "Plugin", "rules_applied"]
 
 EVENTS = (m.CREATE_CONTAINER, m.START_CONTAINER, m.STOP_CONTAINER, m.REMOVE_CONTAINER)
 MAX_REMEMBERED = 8192
+MAX_DECIDED = 64  # create decisions waiting for their start (a kubelet starts right after create)
 STARTED = (2, 3)  # ContainerState PAUSED, RUNNING: its StartContainer is past (CREATED's is to come)
 INVALID_ARGUMENT = 3
 
@@ -77,21 +79,23 @@ class Plugin:
         self.config: m.Configure | None = None
         self._max = max_remembered
         self._trims: OrderedDict[str, tuple[Rule, ...]] = OrderedDict()  # created, start must take these back
+        self._decided: OrderedDict[str, Decided] = OrderedDict()  # created: the decision start may reuse
         self._enforced: OrderedDict[str, None] = OrderedDict()  # started and checked
         self._late: deque[tuple[m.Pod, m.Container]] = deque()
         self._pods: dict[str, m.Pod] = {}  # a paged Synchronize's pods, until its last page
         self.late_narrowed = self.late_failed = 0
 
     # -- memory (bounded) --
-    def _remember(self, table: OrderedDict[str, Any], key: str, value: Any) -> None:
+    def _remember(self, table: OrderedDict[str, Any], key: str, value: Any, most: int = 0) -> None:
         table[key] = value
         table.move_to_end(key)
-        while len(table) > self._max:
+        while len(table) > (most or self._max):
             table.popitem(last=False)
 
     def forget(self, container_id: str, removed_from: m.Pod | None = None, name: str = "") -> None:
         """Stop or remove: the container's own memory; remove: also the pod view a decision kept."""
         self._trims.pop(container_id, None)
+        self._decided.pop(container_id, None)
         self._enforced.pop(container_id, None)
         if removed_from is not None and removed_from.uid:
             from hook.sources.kubelet.view import forget
@@ -99,7 +103,7 @@ class Plugin:
             forget(removed_from.uid, name)
 
     def remembered(self) -> int:
-        return len(self._trims) + len(self._enforced) + len(self._late) + len(self._pods)
+        return len(self._trims) + len(self._decided) + len(self._enforced) + len(self._late) + len(self._pods)
 
     # -- the Handler protocol --
     def registered(self) -> None:
@@ -155,11 +159,16 @@ class Plugin:
         a = on_create(ev.pod, ev.container, self.ctx, t0)
         if a.code == 0 and a.trims:
             self._remember(self._trims, ev.container.id, a.trims)
+        if a.code == 0 and a.decided is not None:
+            self._remember(self._decided, ev.container.id, a.decided, min(self._max, MAX_DECIDED))
+        else:  # a container id created again: never another create's decision
+            self._decided.pop(ev.container.id, None)
         return a
 
     def _start(self, ev: m.Event, t0: float) -> Answer:
         cid = ev.container.id
-        a = on_start(ev.pod, ev.container, self.ctx, cut=self._trims.pop(cid, ()), t0=t0)
+        decided = self._decided.pop(cid, None)
+        a = on_start(ev.pod, ev.container, self.ctx, cut=self._trims.pop(cid, ()), t0=t0, decided=decided)
         if a.code == 0:
             self._remember(self._enforced, cid, None)
         return a

@@ -10,7 +10,10 @@ Rule: the two halves split by who acts.
   version) and does not carry capabilities, so create assumes ``CAP_SYS_ADMIN`` for management
   caps and start checks it.
 - **Start** (and a late narrowing at Synchronize) decides again on the started container with
-  the bounding set read from its checked process (``hook.routes.nri.target``), refuses a ``deny``
+  the bounding set read from its checked process (``hook.routes.nri.target``); where the config
+  that makes (container, bounding, settings) is exactly the one create decided on, no more than
+  ``REUSE_SECONDS`` before, create's decision is that decision and is not made twice
+  (``Decided``). It refuses a ``deny``
   and applies only what narrows: the deny rules and trims (cgroup v1 writes, v2 eBPF) and the node
   removals, through ``hook.adapters.apply.transaction`` as the live hook does. It never creates
   a node or writes an allow rule: a grant comes only from the create answer, which the runtime
@@ -37,6 +40,19 @@ from hook.sources.settingsfile import DEFAULT_PATH, Settings, load_settings
 __all__ = ["Answer", "Ctx", "on_create", "on_start", "trims"]
 
 PERMISSION_DENIED, FAILED_PRECONDITION = 7, 9  # google.rpc.Code
+REUSE_SECONDS = 2.0  # a kubelet starts a container right after creating it
+
+
+@record
+class Decided:
+    """Create's decision, which start reuses for the same config (see the module rule)."""
+
+    doc: dict[str, Any]  # the config it was made on (the bounding create assumed included)
+    settings: Settings
+    host_dev: tuple[str, ...]
+    plan: Plan
+    report: dict[str, Any]  # before create's stage and duration were added
+    at: float  # time.monotonic()
 
 
 @record
@@ -59,6 +75,7 @@ class Answer:
     cgroups_path: str = ""
     trims: tuple[Rule, ...] = ()  # create: what start must take back from the runtime's allows
     narrows: bool = False  # create: start has something to apply
+    decided: Decided | None = None  # create: its decision, for start
 
 
 def _settings(ctx: Ctx) -> Settings:
@@ -155,6 +172,8 @@ def on_create(pod: Pod, c: Container, ctx: Ctx, t0: float | None = None) -> Answ
         if _plain(pod, c, settings):
             return Answer(record=None)
         return _error(exc, c, settings, ctx, "create")
+    decided = Decided(doc=doc, settings=settings, host_dev=tuple(inputs.host_dev), plan=plan,
+                      report=dict(report), at=time.monotonic())  # fmt: skip
     report["stage"] = "create"
     report["duration_ms"] = round((time.monotonic() - t0) * 1000, 3)
     if plan.verdict is Verdict.DENY:
@@ -164,7 +183,14 @@ def on_create(pod: Pod, c: Container, ctx: Ctx, t0: float | None = None) -> Answ
     rules = (*plan.rules, *cut) if ctx.rules_applied else ()
     narrows = bool(plan.remove) or any(not r.allow for r in plan.rules) or bool(cut)
     return Answer(payload=adjustment(plan.create, rules), record=report if plan.changes else None, trims=cut,
-                  narrows=narrows, **_where(c, settings))  # fmt: skip
+                  narrows=narrows, decided=decided, **_where(c, settings))  # fmt: skip
+
+
+def _reusable(decided: Decided, doc: dict[str, Any], settings: Settings) -> bool:
+    """Create's decision is start's: the same config (bounding read from the process included)
+    under the same settings, made no more than ``REUSE_SECONDS`` ago."""
+    fresh = time.monotonic() - decided.at <= REUSE_SECONDS
+    return fresh and decided.settings == settings and decided.doc == doc
 
 
 def _found_narrowed(applied: Any, narrowing: Plan) -> bool:
@@ -185,8 +211,10 @@ def on_start(
     late: bool = False,
     cut: tuple[Rule, ...] = (),
     t0: float | None = None,
+    decided: Decided | None = None,
 ) -> Answer:
-    """Check the process, decide again with its capabilities, apply what narrows (module rule)."""
+    """Check the process, decide again with its capabilities (or reuse create's ``decided`` for
+    the very same config), apply what narrows (module rule)."""
     t0 = time.monotonic() if t0 is None else t0
     settings: Settings | None = None
     stage = "synchronize" if late else "start"
@@ -207,7 +235,12 @@ def on_start(
         if c.pid <= 0:
             raise InputError(source, "pid", "missing: the runtime sent no pid")
         checked = check_pid(c.pid, c.id, c.cgroups_path, source, ctx.proc)
-        inputs, plan, report = _decide(pod, c, checked.bounding, settings, ctx, source)
+        doc = oci_config(pod, c, checked.bounding, settings.cdi_annotation_prefixes[0])
+        if decided is not None and _reusable(decided, doc, settings):
+            host_dev, plan, report = decided.host_dev, decided.plan, dict(decided.report)
+        else:
+            inputs, plan, report = _decide(pod, c, checked.bounding, settings, ctx, source, doc)
+            host_dev = tuple(inputs.host_dev)
         report.update(stage=stage, **extra)
         if plan.verdict is Verdict.DENY:
             line = f"oci-device-hook: deny: {clean(plan.reason)}"
@@ -227,7 +260,7 @@ def on_start(
             checked.pid,
             rootfs=None,
             target=checked.target,
-            host_dev=tuple(inputs.host_dev),
+            host_dev=host_dev,
             in_thread=True,  # the daemon is long-lived: a fork per start copies it
         )
         if not alive(checked.pidfd):
