@@ -1,15 +1,14 @@
 """Console entry: the live hook a runtime runs for every container, and the door to the CLI.
 
-Rule: this module is on every container's start path, so at import it pulls in only ``os``,
-``sys`` and ``hook.routes.fastpath`` (itself os-only): it parses live-mode argv and hands the
+Rule: this module is on every container's start path, so at import it pulls in only ``posix``,
+``sys`` and ``hook.routes.fastpath`` (itself posix-only; not ``os``, and no ``from __future__``:
+hook.sources.privatefile says why): it parses live-mode argv and hands the
 container to the fast path, the full path (``hook.routes.live``) or the CLI. Nothing imports it back;
 the rules it applies live in ``hook.routes.fastpath``, and everything else (records, yaml, click,
 pynvml) loads only when needed.
 """
 
-from __future__ import annotations
-
-import os
+import posix
 import sys
 
 from hook.routes.fastpath import MAX_CONFIG, MAX_STATE, look_at, precreate_fast, read_limited
@@ -36,7 +35,7 @@ Options:
 """
 
 
-def _split(argv: list[str]) -> tuple[dict[str, list[str]], list[str]] | None:
+def _split(argv: "list[str]") -> "tuple[dict[str, list[str]], list[str]] | None":
     """Parse live-mode argv without argparse; ``None`` means "not live mode" (the CLI handles it)."""
     opts: dict[str, list[str]] = {}
     positional: list[str] = []
@@ -91,12 +90,12 @@ def _write_out(data: bytes) -> None:
 def _write_fd(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        view = view[posix.write(fd, view) :]
 
 
-def precreate(opts: dict[str, list[str]]) -> int:
+def precreate(opts: "dict[str, list[str]]") -> int:
     """Config in on stdin, decided config out on stdout (hooks.d ``precreate``, the runtime wrapper)."""
-    if os.isatty(0):
+    if posix.isatty(0):
         sys.stderr.write("hook: precreate reads an OCI config.json on stdin: hook precreate < config.json\n")
         return 2
     try:
@@ -132,7 +131,7 @@ def _hand_over(out: bytes, code: int) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: "list[str] | None" = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["runtime-wrapper"]:  # packaging/runtime, for create/run/restore: decides, then execs
         from hook.routes.wrapper import main as wrapper_main
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if stage in OTHER_STAGES:  # interface.md: the other OCI stages are a no-op
         return 0
-    if os.isatty(0):
+    if posix.isatty(0):
         sys.stderr.write(
             "hook: live mode expects the OCI state JSON on stdin (an OCI runtime runs it as a hook); "
             "to try a bundle: hook --bundle DIR; see hook --help\n"
@@ -195,7 +194,7 @@ def run() -> None:
             sys.stderr.flush()
         except (OSError, ValueError, AttributeError):
             sys.exit(code)
-        os._exit(code & 0xFF if isinstance(code, int) else 1)
+        posix._exit(code & 0xFF if isinstance(code, int) else 1)
     sys.exit(code)
 
 

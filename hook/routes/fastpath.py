@@ -6,17 +6,16 @@ reads and ``loads``, the JSON decoding through ``json``'s own C scanner; importi
 package would pull in ``re``, ``enum`` and ``functools``, most of the fast path's cost) and nothing
 else at load time. The full path shares its rules: ``needs_decision`` is the question every route
 asks before it decides. ``hook.core.version`` is the only other hook module read, and only for
-custom settings.
+custom settings. ``posix``, not ``os``, and no ``from __future__``: hook.sources.privatefile says
+why (the annotations naming typing-only types are strings).
 """
 
-from __future__ import annotations
-
-import os
+import posix
 
 from hook.sources.privatefile import FASTPATH_CACHE as FASTPATH_CACHE
 from hook.sources.privatefile import FASTPATH_FORMAT as FASTPATH_FORMAT
 from hook.sources.privatefile import FASTPATH_MAX as FASTPATH_MAX
-from hook.sources.privatefile import SETTINGS_MAX, fastpath_record, is_regular, read_sealed
+from hook.sources.privatefile import SETTINGS_MAX, fastpath_record, is_regular, normpath, read_sealed
 from hook.sources.privatefile import loads as loads
 from hook.sources.privatefile import read_limited as read_limited
 
@@ -59,12 +58,12 @@ PLAIN_NUMBERS = frozenset(PLAIN_DEVICES.values())
 NUMBER_LIMIT = 1 << 31  # hook.core.oci.RULE_NUMBER_LIMIT: beyond it runc and crun read a number differently
 
 
-def _settings_entry(path: str) -> dict[str, Any] | None:
+def _settings_entry(path: str) -> "dict[str, Any] | None":
     """This settings file's compiled entry: ``{}`` for defaults (absent or all comments), the
     fast-path record's entry for a custom file (a cache of these very bytes, sealed by the node's
     key), None when unknown (the full path's to read)."""
     try:
-        st = os.stat(path)
+        st = posix.stat(path)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError):
@@ -78,11 +77,11 @@ def _settings_entry(path: str) -> dict[str, Any] | None:
     lines = (ln.strip() for ln in text.splitlines())
     if all(not ln or ln.startswith(b"#") or ln == b"---" for ln in lines):
         return {}
-    directory, name = os.path.split(FASTPATH_CACHE)
+    directory, _, name = FASTPATH_CACHE.rpartition("/")
     return fastpath_record(read_sealed(directory, name, FASTPATH_MAX), path, text)
 
 
-def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
+def fast_settings(path: str) -> "tuple[tuple[str, ...], str] | None":
     """The two settings the fast path needs (CDI annotation prefixes, volume-mount root), or None.
 
     Defaults when the file is absent or all comments. Otherwise the full path has compiled them
@@ -99,7 +98,7 @@ def fast_settings(path: str) -> tuple[tuple[str, ...], str] | None:
     return tuple(entry["cdi_annotation_prefixes"]), entry["volume_mount_root"]
 
 
-def decider_setting(path: str) -> str | None:
+def decider_setting(path: str) -> "str | None":
     """The settings' ``decider`` (``auto``/``off``) without yaml, as ``fast_settings`` reads the
     rest; None when unknown (no current record: ask, and the decider declines when it is off)."""
     entry = _settings_entry(path)
@@ -110,9 +109,9 @@ def decider_setting(path: str) -> str | None:
 
 
 def needs_decision(
-    config: dict[str, Any],
-    annotations: dict[str, Any],
-    prefixes: tuple[str, ...] = ("cdi.k8s.io/",),
+    config: "dict[str, Any]",
+    annotations: "dict[str, Any]",
+    prefixes: "tuple[str, ...]" = ("cdi.k8s.io/",),
     mount_root: str = "",
 ) -> bool:
     """A cheap superset of "this container asks for a device or is widened"; false means nothing to do."""
@@ -146,11 +145,16 @@ def needs_decision(
 def _container_path(path: str) -> str:
     """``hook.core.kpath.container_path`` with ``os`` only: ``//x`` is ``/x``, a relative path is
     below ``/``."""
-    clean = os.path.normpath("/" + path)
+    clean = normpath("/" + path)
     return clean[1:] if clean.startswith("//") else clean
 
 
-def _plain_device(dev: dict[str, Any]) -> bool:
+def _join(directory: str, name: str) -> str:
+    """``os.path.join(directory, name)`` for a relative ``name``, without importing ``os``."""
+    return directory + name if directory.endswith("/") else directory + "/" + name
+
+
+def _plain_device(dev: "dict[str, Any]") -> bool:
     """A ``linux.devices`` entry that is one of the plain nodes, numbers included (a /dev/null
     made as ``c 195:3`` is a GPU to the kernel, whatever its name)."""
     numbers = PLAIN_DEVICES.get(str(dev.get("path", "")))
@@ -158,7 +162,7 @@ def _plain_device(dev: dict[str, Any]) -> bool:
     return numbers is not None and kind in ("c", "u") and found == numbers
 
 
-def _may_open_accelerator(rule: dict[str, Any]) -> bool:
+def _may_open_accelerator(rule: "dict[str, Any]") -> bool:
     """An allow rule that could let the container read or write an accelerator, as runc reads it.
 
     ``a`` (any numbers: runc allows every device), a typed wildcard (no number, or a negative
@@ -190,7 +194,7 @@ def _strs(v: object) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-def _opt(obj: dict[str, Any], key: str, ok: object) -> bool:
+def _opt(obj: "dict[str, Any]", key: str, ok: object) -> bool:
     """``obj[key]`` is absent or passes ``ok`` (a type or a predicate)."""
     if key not in obj:
         return True
@@ -202,7 +206,7 @@ def _str_map(v: object) -> bool:
     return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
-def well_formed(state: dict[str, Any], config: dict[str, Any]) -> bool:
+def well_formed(state: "dict[str, Any]", config: "dict[str, Any]") -> bool:
     """Every field ``hook.core.oci`` type-checks has the type it wants (a conservative copy of its
     rules): the fast path may only answer for input the full parsers would accept."""
     bundle = state.get("bundle", state.get("bundlePath"))
@@ -258,7 +262,7 @@ def well_formed(state: dict[str, Any], config: dict[str, Any]) -> bool:
     return True
 
 
-def _list(v: object) -> list[Any]:
+def _list(v: object) -> "list[Any]":
     if v is None:
         return []
     if not isinstance(v, list):
@@ -288,12 +292,12 @@ class Look:
         """config.json's bytes, when not read yet; a problem leaves None (the full path reports it)."""
         if self.config_bytes is None and self.bundle is not None:
             try:  # noqa: SIM105 - contextlib is one more import on the start path
-                self.config_bytes = read_limited(os.path.join(self.bundle, "config.json"), MAX_CONFIG)
+                self.config_bytes = read_limited(_join(self.bundle, "config.json"), MAX_CONFIG)
             except (OSError, ValueError):
                 pass
 
 
-def look_at(opts: dict[str, list[str]], stdin: bytes, *, fast: bool = True) -> Look:
+def look_at(opts: "dict[str, list[str]]", stdin: bytes, *, fast: bool = True) -> Look:
     """The live path's one load step: the state decoded, config.json read and decoded once (when
     the fast path may answer), and whether it answered "nothing to do" (``done``).
 
@@ -334,12 +338,12 @@ def look_at(opts: dict[str, list[str]], stdin: bytes, *, fast: bool = True) -> L
     return seen
 
 
-def fast_path(opts: dict[str, list[str]], stdin: bytes) -> bool:
+def fast_path(opts: "dict[str, list[str]]", stdin: bytes) -> bool:
     """Answer "nothing to do" from raw JSON (``look_at``), or return False to take the full path."""
     return look_at(opts, stdin).done
 
 
-def precreate_fast(opts: dict[str, list[str]], stdin: bytes) -> bool:
+def precreate_fast(opts: "dict[str, list[str]]", stdin: bytes) -> bool:
     """``hook precreate``'s fast path: this config (on stdin) needs no decision, pass it on as is."""
     fast = fast_settings((opts.get("--config") or [DEFAULT_SETTINGS])[-1])
     if fast is None:

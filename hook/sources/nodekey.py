@@ -9,13 +9,12 @@ installer); until it exists no record is trusted or written: the hook decides wi
 record is sealed with keyed BLAKE2b (RFC 7693's keyed mode, from ``_blake2``: no OpenSSL on the
 start path) over its file name and bytes; one that fails is a miss the caller rebuilds.
 
-This module imports only ``os`` at load time: the fast path, the per-start client and the
-decider share it. The key is read once per process (``node_key``).
+This module imports only ``posix`` at load time (not ``os``, which the fast path does without:
+hook.sources.privatefile says why): the fast path, the per-start client and the decider share it.
+Only a writer (``make_key``) imports ``os``. The key is read once per process (``node_key``).
 """
 
-from __future__ import annotations
-
-import os
+import posix
 
 TYPE_CHECKING = False  # typing is not imported at run time: the fast path cannot afford it
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ _PERSON = b"odh-record-v1"  # keyed BLAKE2b's personalisation: no record MAC is 
 _known: dict[str, bytes] = {}  # directory -> its key, once read by this process
 
 
-def _blake2b(data: bytes = b"", **kw: Any) -> Any:
+def _blake2b(data: bytes = b"", **kw: "Any") -> "Any":
     try:
         from _blake2 import blake2b
     except ImportError:  # a Python built without the builtin module: hashlib's (OpenSSL-free) one
@@ -65,52 +64,54 @@ def same(a: bytes, b: bytes) -> bool:
 
 
 def _own_private_dir(fd: int) -> bool:
-    st = os.fstat(fd)
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o077 and st.st_mode & 0o170000 == 0o040000
+    st = posix.fstat(fd)
+    return st.st_uid == posix.geteuid() and not st.st_mode & 0o077 and st.st_mode & 0o170000 == 0o040000
 
 
-def read_key(directory: str | None = None) -> bytes | None:
+def read_key(directory: "str | None" = None) -> "bytes | None":
     """The node's key, or None when there is none this process may trust: the directory and the
     file are ours (root's), open to no one else, not symlinks, and the file holds exactly
     ``KEY_BYTES`` bytes. Never blocks (``O_NONBLOCK``: a FIFO planted there is refused)."""
     try:
-        dfd = os.open(directory or KEY_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC
+        dfd = posix.open(directory or KEY_DIR, flags)
     except (OSError, ValueError):
         return None
     try:
         if not _own_private_dir(dfd):
             return None
-        fd = os.open(KEY_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        flags = posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC
+        fd = posix.open(KEY_NAME, flags, dir_fd=dfd)
     except OSError:
         return None
     finally:
-        os.close(dfd)
+        posix.close(dfd)
     try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        st = posix.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000 or st.st_uid != posix.geteuid() or st.st_mode & 0o077:
             return None
-        data = os.read(fd, KEY_BYTES + 1)
+        data = posix.read(fd, KEY_BYTES + 1)
     except OSError:
         return None
     finally:
-        os.close(fd)
+        posix.close(fd)
     return data if len(data) == KEY_BYTES else None
 
 
 PRIVATE_DIR = "must be this user's directory, mode 0700, not a symlink"
 
 
-def found(st: os.stat_result) -> str:
+def found(st: "posix.stat_result") -> str:
     """What a private directory's check found instead (its mode and owner): the one fact an
     operator needs to fix it (``chmod 0700``, ``chown``) without a second look."""
     if st.st_mode & 0o170000 == 0o120000:
         return "found a symlink"
     kind = "" if st.st_mode & 0o170000 == 0o040000 else "not a directory, "
     mode = st.st_mode & 0o7777
-    return f"found {kind}mode {mode:04o}, owner uid {st.st_uid} (this process is uid {os.geteuid()})"
+    return f"found {kind}mode {mode:04o}, owner uid {st.st_uid} (this process is uid {posix.geteuid()})"
 
 
-def make_key(directory: str | None = None) -> bytes:
+def make_key(directory: "str | None" = None) -> bytes:
     """The node's key, created when there is none.
 
     The directory is made 0700 and must then be ours; one that is ours but open (a fresh node's
@@ -120,6 +121,8 @@ def make_key(directory: str | None = None) -> bytes:
     be a key, renamed: a rename replaces the name, never what a symlink there points at) into
     place, so two makers at once agree on one key. ``OSError`` says why there is no key.
     """
+    import os  # a writer only: the readers above do without it
+
     directory = directory or KEY_DIR
     os.makedirs(directory, mode=0o700, exist_ok=True)
     try:
@@ -167,7 +170,7 @@ def make_key(directory: str | None = None) -> bytes:
     return key
 
 
-def node_key(*, create: bool = False) -> bytes | None:
+def node_key(*, create: bool = False) -> "bytes | None":
     """The node's key, read once per process; with ``create`` (a writer), made when there is none.
     None: no key this process may use (no record is then trusted or written)."""
     directory = KEY_DIR
@@ -182,7 +185,7 @@ def node_key(*, create: bool = False) -> bytes | None:
     return key
 
 
-def seal(name: str, data: bytes) -> bytes | None:
+def seal(name: str, data: bytes) -> "bytes | None":
     """``data`` as the record ``name`` (a file name), with the node key's proof as its first line;
     None when there is no key (the record is then not written)."""
     key = node_key(create=True)
@@ -191,7 +194,7 @@ def seal(name: str, data: bytes) -> bytes | None:
     return SEAL + mac(key, _PERSON, name.encode(), data).hex().encode() + b"\n" + data
 
 
-def unseal(name: str, blob: bytes | None) -> bytes | None:
+def unseal(name: str, blob: "bytes | None") -> "bytes | None":
     """The record's bytes if ``blob`` is ``name`` as this node's key sealed it, else None (a miss)."""
     if blob is None or not blob.startswith(SEAL):
         return None

@@ -1,17 +1,21 @@
-"""The hook's private files, read with ``os`` only: trust-checked cache reads, the JSON loader,
+"""The hook's private files, read with ``posix`` only: trust-checked cache reads, the JSON loader,
 and the fast path's compiled settings record.
 
 Rule: a file under the cache directory counts only if it and its directory are the hook's own
 (``open_private``) and, for a record, it is sealed by the node's key (``read_sealed``,
 ``hook.sources.nodekey``); anything odd is a miss, never a hang or a decision. These primitives sit in the
 sources layer so the caches (``hook.sources.cachefile``, ``hook.sources.settingsfile``) and the fast
-path (``hook.routes.fastpath``) share one copy; like the fast path, this module imports only ``os``
-at load time (``hook.core.version`` only for custom settings).
+path (``hook.routes.fastpath``) share one copy; like the fast path, this module imports only
+``posix`` at load time (``hook.core.version`` only for custom settings). Not ``os``: the floor
+(``python3 -ISB``) never loads it, and its import (``posixpath``, ``stat``, ``_collections_abc``'s
+classes) was a quarter of the interpreter's own start-up instructions, paid by every container
+(issue 35); ``posix`` is built in and loaded already. ``normpath`` and ``abspath`` are
+``posixpath``'s, string for string (tests/test_privatefile_paths.py holds them to it). Nor
+``from __future__ import annotations``: one more file read on every start; the annotations that
+name typing-only types are strings.
 """
 
-from __future__ import annotations
-
-import os
+import posix
 
 TYPE_CHECKING = False  # typing is not imported at run time: the fast path cannot afford it
 if TYPE_CHECKING:
@@ -32,15 +36,15 @@ class _Defaults:
     parse_int = int
     parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
     strict = True
-    memo: dict[str, Any] = {}
+    memo: "dict[str, Any]" = {}
 
 
 _JSON_WS = " \t\n\r"  # json.decoder.WHITESPACE
 _OTHER_ENCODING = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")  # BOMs json.detect_encoding honours
-_scanner: list[Any] = []  # [scan_once] once built; [None] where this Python has no _json
+_scanner: "list[Any]" = []  # [scan_once] once built; [None] where this Python has no _json
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes) -> "Any":
     """``json.loads(data)`` (same value, a ValueError where it fails) without importing ``json``.
 
     UTF-8 input goes through the C scanner ``json.loads`` itself uses, set up as its default
@@ -71,18 +75,18 @@ def loads(data: bytes) -> Any:
     return json.loads(data)
 
 
-def read_limited(fd_or_path: int | str, limit: int) -> bytes:
+def read_limited(fd_or_path: "int | str", limit: int) -> bytes:
     """At most ``limit`` bytes (a path: a ValueError when larger); never blocks on a FIFO or a tty."""
     if isinstance(fd_or_path, int):
         with open(fd_or_path, "rb", closefd=False) as f:
             return f.read(limit + 1)
-    fd = os.open(fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = posix.open(fd_or_path, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_CLOEXEC)
     try:
-        if not is_regular(os.fstat(fd).st_mode):
+        if not is_regular(posix.fstat(fd).st_mode):
             raise ValueError("not a regular file")
         data = _read_fd(fd, limit + 1)
     finally:
-        os.close(fd)
+        posix.close(fd)
     if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")
     return data
@@ -96,7 +100,7 @@ def _read_fd(fd: int, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while size < limit:
-        chunk = os.read(fd, min(limit - size, 1 << 20))
+        chunk = posix.read(fd, min(limit - size, 1 << 20))
         if not chunk:
             break
         chunks.append(chunk)
@@ -104,7 +108,7 @@ def _read_fd(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def open_private(directory: str, name: str, limit: int) -> int | None:
+def open_private(directory: str, name: str, limit: int) -> "int | None":
     """An fd on ``directory/name`` if both are the hook's own, else None (a cache miss).
 
     The rule for every file under the cache directory (``hook.sources.cachefile`` writes them; the fast
@@ -114,45 +118,46 @@ def open_private(directory: str, name: str, limit: int) -> int | None:
     byte is read. A FIFO, a device, a symlink, a planted or huge file is a miss, never a hang.
     """
     try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dfd = posix.open(directory, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
-        st = os.fstat(dfd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        st = posix.fstat(dfd)
+        if st.st_uid != posix.geteuid() or st.st_mode & 0o077:
             return None
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        flags = posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC
+        fd = posix.open(name, flags, dir_fd=dfd)
     except (OSError, ValueError):
         return None
     finally:
-        os.close(dfd)
+        posix.close(dfd)
     try:
-        st = os.fstat(fd)
-        ours = st.st_uid == os.geteuid() and not st.st_mode & 0o022
+        st = posix.fstat(fd)
+        ours = st.st_uid == posix.geteuid() and not st.st_mode & 0o022
         if is_regular(st.st_mode) and ours and st.st_size <= limit:
             return fd
     except OSError:
         pass
-    os.close(fd)
+    posix.close(fd)
     return None
 
 
-def read_private(directory: str, name: str, limit: int) -> bytes | None:
+def read_private(directory: str, name: str, limit: int) -> "bytes | None":
     """The bytes of ``directory/name`` under ``open_private``'s rule, else None (a cache miss)."""
     fd = open_private(directory, name, limit)
     if fd is None:
         return None
     try:
-        size = os.fstat(fd).st_size
+        size = posix.fstat(fd).st_size
         data = _read_fd(fd, size + 1)
         return data if len(data) == size else None  # changed while read: a miss
     except OSError:
         return None
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
-def read_sealed(directory: str, name: str, limit: int) -> bytes | None:
+def read_sealed(directory: str, name: str, limit: int) -> "bytes | None":
     """A record's bytes under ``open_private``'s rule and sealed by this node's key (``limit`` is
     the record's, without its seal line), else None (a miss)."""
     from hook.sources.nodekey import SEAL, unseal
@@ -160,7 +165,7 @@ def read_sealed(directory: str, name: str, limit: int) -> bytes | None:
     return unseal(name, read_private(directory, name, limit + len(SEAL) + 65))
 
 
-def fastpath_record(data: bytes | None, path: str, settings: bytes) -> dict[str, Any] | None:
+def fastpath_record(data: "bytes | None", path: str, settings: bytes) -> "dict[str, Any] | None":
     """This settings file's entry in the (unsealed) fast-path record, or None when anything is off.
 
     The record is ``{"format", "hook", "files": {abspath: entry}}``: several settings files
@@ -175,7 +180,7 @@ def fastpath_record(data: bytes | None, path: str, settings: bytes) -> dict[str,
 
     try:
         doc = loads(data)
-        entry = doc["files"][os.path.abspath(path)]
+        entry = doc["files"][abspath(path)]
         if (
             doc["kind"] != "fastpath"
             or doc["format"] != FASTPATH_FORMAT
@@ -190,6 +195,29 @@ def fastpath_record(data: bytes | None, path: str, settings: bytes) -> dict[str,
     except Exception:  # whatever the file holds, it is only a miss
         return None
     return entry if isinstance(entry, dict) else None
+
+
+def normpath(path: str) -> str:
+    """``posixpath.normpath(path)`` without importing ``os``: ``.`` and repeated slashes dropped,
+    ``..`` taken back (never above ``/``; kept at the start of a relative path), and exactly two
+    leading slashes kept as two (POSIX leaves ``//x`` implementation-defined)."""
+    if not path:
+        return "."
+    lead = 2 if path.startswith("//") and not path.startswith("///") else 1 if path.startswith("/") else 0
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part != ".." or (not lead and not parts) or (parts and parts[-1] == ".."):
+            parts.append(part)
+        elif parts:
+            parts.pop()
+    return "/" * lead + "/".join(parts) or "."
+
+
+def abspath(path: str) -> str:
+    """``posixpath.abspath(path)`` without importing ``os`` (the key of a settings file's entry)."""
+    return normpath(path if path.startswith("/") else posix.getcwd() + "/" + path)
 
 
 def _strs(v: object) -> bool:
