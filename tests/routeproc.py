@@ -12,6 +12,7 @@ modules loaded after the interpreter's own start.
 from __future__ import annotations
 
 import os
+import posix
 import sys
 
 
@@ -35,6 +36,7 @@ def main(argv: list[str]) -> int:
         os._exit(0)
 
     os.execvp = execvp  # type: ignore[assignment]
+    posix.execve = lambda path, args, env: execvp(path, args)  # type: ignore[assignment]  # the wrapper
     from hook.entry import main as hook_main
 
     rc = hook_main(rest[1:])

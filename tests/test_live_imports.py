@@ -209,10 +209,11 @@ SERVED_HOOK = FAST_HOOK | {
     "hook.core.record", "hook.adapters", "hook.adapters.log", "hook.core.escape", "hook.routes.logrecord",
     "hook.sources.kubelet", "hook.sources.kubelet.podid", "hook.core.kubelet",
 }  # fmt: skip
-# The runtime wrapper reads the command line as runc and crun do; errno for its write's ENOSPC.
+# The runtime wrapper reads the command line as runc and crun do; errno where it writes a decided
+# config (escape only where it refuses, or with a decision's log).
 WRAPPER_STDLIB = {"errno"}
 WRAPPER_HOOK = {
-    "hook.routes.wrapper", "hook.core.record", "hook.core.escape", "hook.routes.runtimeargs",
+    "hook.routes.wrapper", "hook.core.record", "hook.routes.runtimeargs",
     "hook.routes.runtimeargs.crun", "hook.routes.runtimeargs.readings", "hook.routes.runtimeargs.runc",
     "hook.routes.runtimeargs.values",
 }  # fmt: skip

@@ -4,10 +4,12 @@ a bare ``python3 -ISB -c pass`` (issue 35: no-device container, every route, <= 
 The floor never imports ``os``; the fast path does without it (``posix``, built in and loaded
 already) and without ``__future__``. Here the launcher (``packaging/launcher`` as the bench and the
 package run it: ``python3 -ISB``, ``lib/`` beside it) answers a plain container under custom
-settings, so the sealed fast-path record and the node key are read, on prestart and hooks.d
-precreate, inside ``unshare -m`` with tmpfs over /run, /var/log and the key directory. The
-modules come from ``-X importtime`` (every import the interpreter makes, the launcher's own
-included), minus the floor's. Counted, not timed.
+settings, so the sealed fast-path record and the node key are read, on prestart, hooks.d
+precreate and the runtime wrapper (which then execs the runtime it fronts), inside ``unshare -m``
+with tmpfs over /run, /var/log and the key directory. The modules come from ``-X importtime``
+(every import the interpreter makes, the launcher's own included), minus the floor's. Counted,
+not timed. The wrapper's runtime must still get its arguments and none of the hook's variables
+(it is now started with ``execve`` and ``posix.environ``, not ``os.execvp``).
 
 Also here: the fast path's path helpers are ``posixpath``'s, string for string, since a settings
 file's record is keyed by ``os.path.abspath`` on the writer's side and ``_container_path`` must
@@ -39,6 +41,12 @@ NODEV_EXTRA = {
     "hook", "hook.entry", "hook.routes", "hook.routes.fastpath", "hook.sources", "hook.sources.privatefile",
     "hook.sources.nodekey", "hook.core", "hook.core.version", "_json", "_blake2", "_operator",
 }  # fmt: skip
+# The runtime wrapper also reads the command line as runc and crun do (hook.routes.runtimeargs).
+WRAPPER_EXTRA = NODEV_EXTRA | {
+    "hook.routes.wrapper", "hook.routes.runtimeargs", "hook.routes.runtimeargs.crun",
+    "hook.routes.runtimeargs.readings", "hook.routes.runtimeargs.runc", "hook.routes.runtimeargs.values",
+    "hook.core.record", "__future__",
+}  # fmt: skip
 
 
 def _imported(stderr: str) -> list[str]:
@@ -62,6 +70,10 @@ def test_a_plain_containers_start_loads_only_the_fast_path_beyond_the_floor(tmp_
     settings = tmp_path / "settings.yaml"
     settings.write_text(f"log_file: {tmp_path / 'hook.log'}\ncache_dir: {tmp_path / 'cache'}\n")
     state, config = tmp_path / "state.json", bundle / "config.json"
+    fake = tmp_path / "runtime"  # what the wrapper fronts: says what it saw of the hook's variables
+    saw = "$OCI_DEVICE_HOOK_RUNTIME.$OCI_DEVICE_HOOK_RUNTIME_EXEC.$*"
+    fake.write_text(f'#!/bin/sh\necho "{saw}" > {tmp_path}/ran\n')
+    fake.chmod(0o755)
     script = "\n".join([
         "set -e",
         "mount -t tmpfs -o mode=0755 tmpfs /run", "mkdir -m 0700 /run/oci-device-hook",
@@ -75,17 +87,21 @@ def test_a_plain_containers_start_loads_only_the_fast_path_beyond_the_floor(tmp_
         f"{PYTHON} -ISB -X importtime {launcher} precreate --config {settings} < {config} "
         f"> {tmp_path}/out.json "
         f"2> {tmp_path}/pc.err",
+        f"OCI_DEVICE_HOOK_RUNTIME=/bin/true {PYTHON} -ISB -X importtime {launcher} runtime-wrapper "
+        f"--config {settings} -- {fake} create --bundle {bundle} odh-test-nodev 2> {tmp_path}/wr.err",
     ])  # fmt: skip
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     floor = set(_imported((tmp_path / "floor.err").read_text()))
     assert "os" not in floor  # what makes dropping it worth a test
-    for route in ("pre", "pc"):
+    for route, want in (("pre", NODEV_EXTRA), ("pc", NODEV_EXTRA), ("wr", WRAPPER_EXTRA)):
         loaded = _imported((tmp_path / f"{route}.err").read_text())
         assert len(loaded) == len(set(loaded))
         extra = set(loaded) - floor
-        assert extra == NODEV_EXTRA, (route, sorted(extra - NODEV_EXTRA), sorted(NODEV_EXTRA - extra))
+        assert extra == want, (route, sorted(extra - want), sorted(want - extra))
+    ran = (tmp_path / "ran").read_text()  # the runtime ran, with its arguments, the hook's variables gone
+    assert ran == f"..create --bundle {bundle} odh-test-nodev\n"
     assert (tmp_path / "out.json").read_bytes() == config.read_bytes()  # passed on untouched
     assert not (tmp_path / "hook.log").exists() or not (tmp_path / "hook.log").read_text()
 

@@ -270,7 +270,7 @@ def test_replace_interrupted_at_each_step_leaves_no_stray_file(
         return call
 
     for name in ("link", "unlink", "write"):
-        monkeypatch.setattr(wrapper.os, name, stop(getattr(os, name)))
+        monkeypatch.setattr(os, name, stop(getattr(os, name)))  # _replace imports os itself
     with contextlib.suppress(KeyboardInterrupt):
         wrapper._replace(str(cfg), b'{"new": 2}\n')
     monkeypatch.undo()

@@ -16,17 +16,20 @@ anonymous ``O_TMPFILE`` inode in the bundle, the original is hard-linked to ``co
 bundle holds the original, or no ``config.json`` (the runtime refuses to start), or the decided
 one, and never a stray file. Where the filesystem has no ``O_TMPFILE`` the new file is written
 in place of the unlinked one; a partial JSON object is one no runtime parses.
+
+A container that needs no decision (``precreate_fast``) costs its floor and little more: until
+the full path runs, this module uses ``posix`` (built in, loaded by every interpreter) and not
+``os`` (issue 35: importing it was a quarter of the interpreter's own start-up). The environment
+is ``posix.environ``, the very dict ``os.environ`` wraps once ``os`` is loaded, and the runtime is
+started with ``execve`` and that dict, searched for on ``PATH`` as ``os.execvp`` searches.
 """
 
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # not signal: its IntEnum wrappers load enum
-import errno
-import os
-import stat
+import posix
 import sys
 
-from hook.core.escape import clean
 from hook.routes.fastpath import MAX_CONFIG, precreate_fast
 from hook.routes.runtimeargs import ArgsError, creates
 
@@ -54,6 +57,7 @@ _HOOK_ONLY = (RUNTIME_SEEN_ENV, CONTAINER_ID_ENV, RUNTIME_LOG_ENV, RUNTIME_LOG_F
 
 def _say(message: str) -> None:
     """One line on stderr, and where the engine reads the runtime's error (its ``--log``)."""
+    from hook.core.escape import clean
     from hook.routes.act import runtime_log
 
     sys.stderr.write(PREFIX + clean(message) + "\n")
@@ -61,44 +65,70 @@ def _say(message: str) -> None:
     runtime_log(PREFIX + message)
 
 
+def _getenv(name: str) -> str:
+    """``os.environ.get(name, "")`` without ``os`` (its decoding: UTF-8, surrogateescape)."""
+    return posix.environ.get(name.encode(), b"").decode("utf-8", "surrogateescape")
+
+
+def _setenv(name: str, value: str) -> None:
+    """``os.environ[name] = value`` without ``os``: the runtime execed gets it (``_exec``), and so
+    does the full path (``os.environ`` wraps this same dict)."""
+    posix.environ[name.encode()] = value.encode("utf-8", "surrogateescape")
+
+
+def _is_regular(path: str) -> bool:
+    return posix.stat(path).st_mode & 0o170000 == 0o100000  # stat.S_ISREG without stat
+
+
+def _is_dir(path: str) -> bool:
+    """``os.path.isdir`` without ``os``."""
+    try:
+        return posix.stat(path).st_mode & 0o170000 == 0o040000
+    except (OSError, ValueError):
+        return False
+
+
 def _bound() -> int:
-    value = os.environ.get(TIMEOUT_ENV, "")
+    value = _getenv(TIMEOUT_ENV)
     return int(value) if value.isdigit() and 1 <= int(value) <= 300 else DECISION_SECONDS
 
 
 def _expired(signum: int, frame: FrameType | None) -> None:
     _say(f"no decision within {_bound()} s: refused")
-    os._exit(1)
+    posix._exit(1)
 
 
 def _read_config(path: str) -> bytes:
     """The config's bytes, opened as the runtime opens it (symlinks followed) but never blocking:
     a FIFO, a device or a directory is refused before a byte is read."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
+    if not _is_regular(path):
         raise ValueError("not a regular file")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = posix.open(path, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_CLOEXEC)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        st = posix.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000:
             raise ValueError("not a regular file")
         if st.st_size > MAX_CONFIG:
             raise ValueError(f"larger than {MAX_CONFIG} bytes")
         chunks = []
         size = 0
         while size <= MAX_CONFIG:
-            chunk = os.read(fd, 1 << 20)
+            chunk = posix.read(fd, 1 << 20)
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
     finally:
-        os.close(fd)
+        posix.close(fd)
     if size > MAX_CONFIG:
         raise ValueError(f"larger than {MAX_CONFIG} bytes")
     return b"".join(chunks)
 
 
 def _write_all(fd: int, data: bytes) -> None:
+    import errno
+    import os
+
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -110,6 +140,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _replace(path: str, data: bytes) -> None:
     """``path`` ← ``data``, the original kept as ``path.orig``; no named temp file at any moment."""
+    import os  # only where a decision changed the config: the full path has loaded it
+
     directory, name = os.path.split(path)
     dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     fd = -1
@@ -143,16 +175,16 @@ def _replace(path: str, data: bytes) -> None:
 def decide(opts: dict[str, list[str]], args: list[str]) -> int:
     """0 when the runtime may run with ``args`` (the config decided in place where needed)."""
     try:
-        target = creates(args, os.path.isdir)
+        target = creates(args, _is_dir)
     except ArgsError as exc:
         _say(f"cannot tell which config this command line creates a container from ({exc}): refused")
         return 1
     if target is None:
         return 0
-    os.environ[CONTAINER_ID_ENV] = target.ident
-    os.environ[RUNTIME_LOG_ENV] = target.log
-    os.environ[RUNTIME_LOG_FORMAT_ENV] = target.log_format
-    os.environ[CGROUP_MANAGER_ENV] = target.cgroup_manager
+    _setenv(CONTAINER_ID_ENV, target.ident)
+    _setenv(RUNTIME_LOG_ENV, target.log)
+    _setenv(RUNTIME_LOG_FORMAT_ENV, target.log_format)
+    _setenv(CGROUP_MANAGER_ENV, target.cgroup_manager)
     path = target.config_path
     try:
         data = _read_config(path)
@@ -176,12 +208,35 @@ def decide(opts: dict[str, list[str]], args: list[str]) -> int:
     return 0
 
 
-def _loader_variables_back() -> None:
+def _loader_variables_back(env: dict[bytes, bytes]) -> None:
     """The engine's LD_* and GLIBC_TUNABLES, which the bundled launcher moved aside so that its own
     loader would not act on them (packaging/launcher.sh.in), are the real runtime's again."""
-    for name in [n for n in os.environ if n.startswith(LOADER_PREFIX)]:
-        value = os.environ.pop(name)
-        os.environ[name[len(LOADER_PREFIX) :]] = value
+    prefix = LOADER_PREFIX.encode()
+    for name in [n for n in env if n.startswith(prefix)]:
+        env[name[len(prefix) :]] = env.pop(name)
+
+
+def _exec(file: str, args: list[str], env: dict[bytes, bytes]) -> None:
+    """``os.execvp(file, args)`` with ``env`` as the environment, without ``os``: a name with a
+    slash is run as it is; a bare name is looked for in each ``PATH`` entry of ``env`` (none:
+    ``/bin:/usr/bin``, ``os.defpath``), in order; the error raised is the first that is not
+    "no such file" along the way, else the last, as ``os.execvp`` raises."""
+    if "/" in file:
+        posix.execve(file, args, env)
+    path = env.get(b"PATH")
+    dirs = path.decode("utf-8", "surrogateescape").split(":") if path is not None else ["/bin", "/usr/bin"]
+    first: OSError | None = None
+    last: OSError | None = None
+    for directory in dirs:
+        full = directory + file if not directory or directory.endswith("/") else directory + "/" + file
+        try:
+            posix.execve(full, args, env)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
+        except OSError as exc:
+            last = exc
+            first = first or exc
+    raise first or last or FileNotFoundError(file)
 
 
 def main(argv: list[str]) -> int:
@@ -194,20 +249,24 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(PREFIX + "usage: hook runtime-wrapper [--config FILE] -- RUNTIME ARGS...\n")
         return 2
     real, args = argv[1], argv[2:]
-    os.environ[RUNTIME_EXEC_ENV] = real
+    _setenv(RUNTIME_EXEC_ENV, real)
     _signal.signal(_signal.SIGALRM, _expired)
     _signal.alarm(_bound())
     code = decide(opts, args)
     _signal.alarm(0)  # a pending alarm would survive the exec
     if code != 0:
         return code
+    env = posix.environ  # os.environ's own dict, where the full path loaded os
     for name in _HOOK_ONLY:
-        os.environ.pop(name, None)
-    _loader_variables_back()
+        env.pop(name.encode(), None)
+    _loader_variables_back(env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvp(real, [real, *args])
-    except OSError as exc:
-        sys.stderr.write(f"{PREFIX}{clean(real)}: {exc.strerror or exc}\n")
+        _exec(real, [real, *args], env)
+    except (OSError, ValueError) as exc:
+        from hook.core.escape import clean
+
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        sys.stderr.write(f"{PREFIX}{clean(real)}: {why}\n")
     return 127
