@@ -5,8 +5,9 @@ included).
 Rule: as ``bench/hookproc.py`` (``python3 -ISB``, ``LIB`` first on ``sys.path``, the state or config
 on fd 0), except that an ``exec`` of the real runtime (the wrapper's last step) is where the record
 is written and the process ends, so the wrapper route is measured too. One JSON line goes to
-``OUT``: the route's exit status (``"exec"`` for a wrapper that would start the runtime) and the
-modules loaded after the interpreter's own start.
+``OUT``: the route's exit status (``"exec"`` for a wrapper that would start the runtime), the
+modules loaded after the interpreter's own start and the process's forks (an audit hook's count of
+``os.fork``: each costs a start 2-3 ms).
 """
 
 from __future__ import annotations
@@ -23,13 +24,20 @@ def main(argv: list[str]) -> int:
         return 2
     sys.path.insert(0, lib)
     before = set(sys.modules)
+    forks = [0]
+
+    def audit(event: str, args: object) -> None:
+        if event == "os.fork":
+            forks[0] += 1
+
+    sys.addaudithook(audit)
 
     def record(rc: object) -> None:
         loaded = sorted(set(sys.modules) - before)
         import json  # only now: the measured run must not find it loaded
 
         with open(out, "a") as f:
-            f.write(json.dumps({"rc": rc, "loaded": loaded}) + "\n")
+            f.write(json.dumps({"rc": rc, "loaded": loaded, "forks": forks[0]}) + "\n")
 
     def execvp(path: str, args: list[str]) -> None:
         record("exec")

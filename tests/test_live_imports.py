@@ -336,3 +336,5 @@ def test_every_route_served_loads_only_what_its_container_needs(tmp_path: Path, 
         ours = {m for m in loaded if m == "hook" or m.startswith("hook.")}
         assert ours == hook, (route, workload, sorted(ours - hook), sorted(hook - ours))
         assert loaded - ours <= stdlib, (route, workload, sorted(loaded - ours - stdlib))
+        # node changes from a thread, not a forked helper (a fork costs the start 2-3 ms)
+        assert rec["forks"] == 0, (route, workload, rec["forks"])

@@ -1,10 +1,12 @@
 """Device nodes inside a live container: create the Plan's nodes, remove its removals, undo both.
 
-Rule: every change happens in a forked child that has joined the container's mount namespace
-(``setns`` on ``/proc/<pid>/ns/mnt``), and every container path is resolved and changed by
-``hook.adapters.apply.devpath`` (one component at a time from an ``O_PATH`` fd, no symlink, no
-``..``, no other mount). The child reports a journal (JSON over a pipe) so the parent can undo
-exactly what was done, even when the child failed half-way.
+Rule: every change happens in a helper that has joined the container's mount namespace
+(``setns`` on ``/proc/<pid>/ns/mnt``): a thread with its own filesystem attributes (``in_thread``:
+the per-start hook and ``hook nri``, where a fork costs 2-3 ms a start) or a forked child. Every
+container path is resolved and changed by ``hook.adapters.apply.devpath`` (one component at a time
+from an ``O_PATH`` fd, no symlink, no ``..``, no other mount). The helper reports a journal (the
+child as JSON over a pipe) so the caller can undo exactly what was done, even when the helper
+failed half-way.
 
 Where the container root is: runc runs prestart/createRuntime hooks before ``pivot_root``
 (checked with runc 1.1.5: the init's root is the namespace's copy of the host ``/``, and the
@@ -140,11 +142,12 @@ def _thread(
     host_devs: frozenset[int],
     ns_name: str,
 ) -> dict[str, Any]:
-    """``_work`` in a new thread of this process, for a long-lived daemon (a fork copies its
-    memory per start). The thread first unshares its filesystem attributes (``CLONE_FS``: root,
-    cwd, umask), which Linux requires before ``setns(CLONE_NEWNS)`` in one thread of many, so the
-    join, the root and the umask are that thread's alone; it then ends, never serving anything
-    else. Nothing in it imports (the report is the same dict the child writes)."""
+    """``_work`` in a new thread of this process: a fork copies the process's memory map (a
+    long-lived daemon's heap; the per-start hook's 2-3 ms with its wait and copy-on-write faults).
+    The thread first unshares its filesystem attributes (``CLONE_FS``: root, cwd, umask), which
+    Linux requires before ``setns(CLONE_NEWNS)`` in one thread of many, so the join, the root and
+    the umask are that thread's alone; it then ends, never serving anything else. Nothing in it
+    imports (the report is the same dict the child writes)."""
     import _thread
 
     done = _thread.allocate_lock()

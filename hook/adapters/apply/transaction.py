@@ -111,7 +111,7 @@ def apply_plan(
     prestart/createRuntime hooks; see ``devnodes``). ``target`` is the cgroup already located
     (and checked to be the container's, ``locate.find_container``); ``host_dev`` the host's
     ``/dev`` directories, which node changes never touch; ``in_thread``: node changes join the
-    container's namespace in a thread, not a forked child (a long-lived daemon, ``devnodes``).
+    container's namespace in a thread, not a forked child (``devnodes``: the per-start hook, hook nri).
     """
     undos: list[tuple[str, Callable[[], None]]] = []
     if target is None:
@@ -134,7 +134,7 @@ def apply_plan(
         except (HookError, OSError, ValueError) as exc:
             raise _fail(step, exc, undos, str(target.path)) from exc
     if plan.create or plan.remove:
-        from hook.adapters.apply import devnodes  # ctypes (setns, openat2): only a plan with nodes
+        from hook.adapters.apply import devnodes  # _ctypes (setns, openat2): only a plan with nodes
 
         try:
             # the paths runc created the nodes at: //dev/x is /dev/x (devnodes refuses any other spelling)
