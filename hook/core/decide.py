@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from hook.core.devclasses import HostClasses
 from hook.core.hostdev import HOST_DEV, shared_mount
 from hook.core.kubelet import SANDBOX, UNTRUSTED
-from hook.core.oci import OciConfig
+from hook.core.oci import LinuxDevice, OciConfig
 from hook.core.plan import Node, Plan, Verdict
 from hook.core.record import field, last, record
 from hook.core.requests import (
@@ -57,12 +57,21 @@ def _key(node: Node) -> tuple[str, int, int]:
     return (node.type, node.major, node.minor)
 
 
+_node_of: dict[int, tuple[LinuxDevice, Node]] = {}  # one per device value, by the id of the device held
+
+
+def _node(d: LinuxDevice) -> Node:  # hook nri parses each distinct device once: its node is made once
+    held = _node_of.get(id(d))
+    if held is None or held[0] is not d:
+        if len(_node_of) >= 4096:
+            _node_of.clear()
+        node = Node(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.file_mode or 0o666)
+        held = _node_of[id(d)] = (d, node)
+    return held[1]
+
+
 def _nodes_of(config: OciConfig) -> tuple[Node, ...]:
-    return tuple(
-        Node(path=d.path, type=d.type, major=d.major, minor=d.minor, file_mode=d.file_mode or 0o666)
-        for d in config.devices
-        if d.type in ("c", "b")
-    )
+    return tuple(_node(d) for d in config.devices if d.type in ("c", "b"))
 
 
 _config_nodes = last(_nodes_of)  # decide, its narrowing and the report ask: built once

@@ -29,10 +29,17 @@ from hook.sources.kubelet.podid import (
     cgroup_engine,
 )
 
-__all__ = ["CDI_KEY", "SYS_ADMIN", "names_container", "oci_config"]
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from hook.core.oci import LinuxDevice, OciConfig
+    from hook.routes.nri.messages import Device
+
+__all__ = ["CDI_KEY", "MAX_PARSED", "SYS_ADMIN", "names_container", "oci_config", "parsed_config"]
 
 CDI_KEY = "nri-cdi-devices"  # below the first CDI annotation prefix
 SYS_ADMIN = "CAP_SYS_ADMIN"
+MAX_PARSED = 4096  # devices whose parse is kept (a 64 GPU + 224 MIG node's privileged container: ~520)
+_parsed: dict[int, tuple[Device, LinuxDevice]] = {}  # by the id of the decoded device it holds
 
 
 def names_container(cgroups_path: str, container_id: str) -> bool:
@@ -92,3 +99,25 @@ def oci_config(pod: Pod, c: Container, bounding: frozenset[str], cdi_prefix: str
         "annotations": annotations,
         "linux": {"cgroupsPath": c.cgroups_path, "devices": devices, "resources": {"devices": rules}},
     }
+
+
+def parsed_config(doc: dict[str, Any], c: Container, source: str) -> OciConfig:
+    """``parse_config_object`` of ``oci_config``'s ``doc`` for ``c``, each of NRI's devices parsed
+    once per process: a decoded device is one value per distinct message bytes
+    (``hook.routes.nri.messages``), and what ``hook.core.oci`` parsed it to the first time is
+    what it parses to every time. Any device not seen parsed so is parsed with the whole config,
+    as every route parses it (the same errors, each naming its ``linux.devices`` index)."""
+    from hook.core.oci import parse_config_object
+    from hook.core.record import replace
+
+    held = [_parsed.get(id(d)) for d in c.devices]
+    kept = [h[1] for h, d in zip(held, c.devices, strict=True) if h is not None and h[0] is d]
+    if len(kept) == len(c.devices):
+        bare = parse_config_object({**doc, "linux": {**doc["linux"], "devices": []}}, source, "")
+        return replace(bare, devices=tuple(kept), raw=doc)
+    config = parse_config_object(doc, source, "")
+    if len(_parsed) + len(c.devices) > MAX_PARSED:
+        _parsed.clear()
+    for d, parsed in zip(c.devices, config.devices, strict=True):
+        _parsed[id(d)] = (d, parsed)  # the device is held: its id names no other while kept
+    return config

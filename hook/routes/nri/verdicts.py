@@ -33,7 +33,7 @@ from hook.core.plan import Node, Plan, Verdict
 from hook.core.record import field, record, replace
 from hook.core.rules import Access, DeviceType, Rule
 from hook.routes.nri.messages import Container, Pod, adjustment
-from hook.routes.nri.spec import SYS_ADMIN, oci_config
+from hook.routes.nri.spec import SYS_ADMIN, oci_config, parsed_config
 from hook.routes.options import Options
 from hook.sources.settingsfile import DEFAULT_PATH, Settings, load_settings
 
@@ -119,13 +119,12 @@ def _decide(
     doc: dict[str, Any] | None = None,
 ) -> tuple[Any, Plan, dict[str, Any]]:  # fmt: skip
     from hook.core.decide import decide
-    from hook.core.oci import parse_config_object
     from hook.core.report import build_report
     from hook.routes.gather import inputs_for_config, resolved
 
     if doc is None:
         doc = oci_config(pod, c, bounding, settings.cdi_annotation_prefixes[0])
-    config = parse_config_object(doc, source, "")
+    config = parsed_config(doc, c, source)
     options = resolved(replace(ctx.options, settings=settings), settings)
     inputs = inputs_for_config(config, {}, c.id, options)
     plan = decide(inputs)
