@@ -66,14 +66,15 @@ def _say(message: str) -> None:
 
 
 def _getenv(name: str) -> str:
-    """``os.environ.get(name, "")`` without ``os`` (its decoding: UTF-8, surrogateescape)."""
-    return posix.environ.get(name.encode(), b"").decode("utf-8", "surrogateescape")
+    """``os.environ.get(name, "")`` without ``os``, decoded as it decodes (the file system
+    encoding, surrogateescape: bytes that are no text come back as they were)."""
+    return posix.environ.get(name.encode(), b"").decode(sys.getfilesystemencoding(), "surrogateescape")
 
 
 def _setenv(name: str, value: str) -> None:
-    """``os.environ[name] = value`` without ``os``: the runtime execed gets it (``_exec``), and so
-    does the full path (``os.environ`` wraps this same dict)."""
-    posix.environ[name.encode()] = value.encode("utf-8", "surrogateescape")
+    """``os.environ[name] = value`` without ``os``, encoded as it encodes: the runtime execed gets
+    it (``_exec``), and so does the full path (``os.environ`` wraps this same dict)."""
+    posix.environ[name.encode()] = value.encode(sys.getfilesystemencoding(), "surrogateescape")
 
 
 def _is_regular(path: str) -> bool:
@@ -224,7 +225,8 @@ def _exec(file: str, args: list[str], env: dict[bytes, bytes]) -> None:
     if "/" in file:
         posix.execve(file, args, env)
     path = env.get(b"PATH")
-    dirs = path.decode("utf-8", "surrogateescape").split(":") if path is not None else ["/bin", "/usr/bin"]
+    found = path.decode(sys.getfilesystemencoding(), "surrogateescape") if path is not None else None
+    dirs = found.split(":") if found is not None else ["/bin", "/usr/bin"]
     first: OSError | None = None
     last: OSError | None = None
     for directory in dirs:
