@@ -6,8 +6,8 @@ Rule: as ``bench/hookproc.py`` (``python3 -ISB``, ``LIB`` first on ``sys.path``,
 on fd 0), except that an ``exec`` of the real runtime (the wrapper's last step) is where the record
 is written and the process ends, so the wrapper route is measured too. One JSON line goes to
 ``OUT``: the route's exit status (``"exec"`` for a wrapper that would start the runtime), the
-modules loaded after the interpreter's own start and the process's forks (an audit hook's count of
-``os.fork``: each costs a start 2-3 ms).
+modules loaded after the interpreter's own start, the process's forks (an audit hook's count of
+``os.fork``: each costs a start 2-3 ms) and whether the cycle collector was still on at the end.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ def main(argv: list[str]) -> int:
 
     def record(rc: object) -> None:
         loaded = sorted(set(sys.modules) - before)
+        import gc  # only now, as json
         import json  # only now: the measured run must not find it loaded
 
         with open(out, "a") as f:
-            f.write(json.dumps({"rc": rc, "loaded": loaded, "forks": forks[0]}) + "\n")
+            f.write(json.dumps({"rc": rc, "loaded": loaded, "forks": forks[0], "gc": gc.isenabled()}) + "\n")
 
     def execvp(path: str, args: list[str]) -> None:
         record("exec")

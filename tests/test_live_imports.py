@@ -202,11 +202,12 @@ FAST_HOOK = {
     "hook", "hook.entry", "hook.core", "hook.core.version", "hook.routes", "hook.routes.fastpath",
     "hook.sources", "hook.sources.privatefile", "hook.sources.nodekey",
 }  # fmt: skip
-# A served decision: the socket, the MAC (_blake2, _operator's compare_digest), the JSON scanner.
-SERVED_STDLIB = FAST_STDLIB | {"_socket"}
+# A served decision: the socket, the MAC (_blake2, _operator's compare_digest), the JSON scanner,
+# gc (built in: the collector is off once the decider answered).
+SERVED_STDLIB = FAST_STDLIB | {"_socket", "gc"}
 SERVED_HOOK = FAST_HOOK | {
     "hook.routes.offer", "hook.routes.client", "hook.routes.wire", "hook.routes.decision", "hook.routes.act",
-    "hook.core.record", "hook.adapters", "hook.adapters.log", "hook.core.escape", "hook.routes.logrecord",
+    "hook.core.record", "hook.adapters", "hook.adapters.log", "hook.routes.logrecord",
     "hook.sources.kubelet", "hook.sources.kubelet.podid", "hook.core.kubelet",
 }  # fmt: skip
 # The runtime wrapper reads the command line as runc and crun do; errno where it writes a decided
@@ -338,3 +339,5 @@ def test_every_route_served_loads_only_what_its_container_needs(tmp_path: Path, 
         assert loaded - ours <= stdlib, (route, workload, sorted(loaded - ours - stdlib))
         # node changes from a thread, not a forked helper (a fork costs the start 2-3 ms)
         assert rec["forks"] == 0, (route, workload, rec["forks"])
+        # an answered start runs its short rest without the cycle collector (0.6 ms); the fast path never asks
+        assert rec["gc"] is (workload == "plain"), (route, workload, rec["gc"])

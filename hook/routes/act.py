@@ -73,7 +73,6 @@ def _line(record: dict[str, Any], d: Live | Spec, session: Session) -> dict[str,
 
 def _write(record: dict[str, Any], d: Live | Spec, session: Session, by_hand: bool = False) -> None:
     from hook.adapters.log import write_log
-    from hook.core.escape import clean
 
     line = _line(record, d, session)
     log: LogTo = d.log
@@ -85,6 +84,8 @@ def _write(record: dict[str, Any], d: Live | Spec, session: Session, by_hand: bo
         return
     problem = write_log(line, log.file, max_bytes=log.max_bytes)
     if problem:
+        from hook.core.escape import clean  # only for a warning: the written line is JSON-escaped
+
         session.err(f"oci-device-hook: warning: log dropped: {clean(problem)}\n")
 
 
