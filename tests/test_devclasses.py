@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hook.core.devclasses import ClassKind, HostClasses, class_majors, keeps, whole_gpus
+from hook.core.plan import Node
 
 # A 570-series HGX node as the driver registers it (open-gpu-kernel-modules names; dynamic majors).
 PROC_DEVICES = """Character devices:
@@ -105,3 +108,40 @@ def test_a_drm_node_sysfs_ties_to_no_other_vendor_is_nvidias_gpu_unknown() -> No
     assert classes.classify(("c", 226, 0)) is None  # the BMC's, by its PCI vendor id
     assert classes.classify(("c", 226, 9)) == (ClassKind.DRM, None)
     assert not keeps((ClassKind.DRM, None), {0, 1, 2}, management=True)
+
+
+def test_driver_nodes_are_made_once_per_distinct_set_and_anew_for_any_change() -> None:
+    """A resident decider reads the classes anew per container: the same set gives the very same
+    nodes (none made again); a MIG capability, a GPU, a DRM node or a major that changed gives the
+    nodes of the new set (issue 34 item 8; seen failing with the kept set dropped, and with the key
+    missing each field)."""
+    base: dict[str, Any] = {
+        "majors": {"nvidia": 195, "nvidia-caps": 237},
+        "drm": {("c", 226, 0): 0},
+        "gpu_minors": frozenset({0, 1}),
+        "cap_minors": frozenset({1, 2, 12}),
+    }
+    first = HostClasses(**base).driver_nodes()
+    assert HostClasses(**base).driver_nodes() is first
+    changes: list[dict[str, Any]] = [
+        {"cap_minors": frozenset({1, 2, 13})},
+        {"gpu_minors": frozenset({0, 2})},
+        {"drm": {("c", 226, 128): 0}},
+        {"majors": {"nvidia": 195, "nvidia-caps": 238}},
+        {"majors": {"nvidia": 196, "nvidia-caps": 237}},
+    ]
+    for change in changes:
+        assert HostClasses(**base).driver_nodes() == first  # the base set kept, then one change
+        classes = HostClasses(**{**base, **change})
+        made = classes.driver_nodes()
+        assert made != first, change
+        assert {(n.path, n.major, n.minor) for n in made} == {
+            (n.path, n.major, n.minor) for n in _driver_nodes_made(classes)
+        }, change
+
+
+def _driver_nodes_made(classes: HostClasses) -> tuple[Node, ...]:
+    from hook.core import devclasses
+
+    devclasses._driver_nodes.clear()
+    return classes.driver_nodes()

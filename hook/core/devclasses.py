@@ -93,6 +93,9 @@ class ClassNode:
         return (self.node.type, self.node.major, self.node.minor)
 
 
+_driver_nodes: list[tuple[object, tuple[Node, ...]]] = []  # HostClasses.driver_nodes: the last set's
+
+
 @record
 class HostClasses:
     """The host's NVIDIA classes: region -> major, the DRM nodes of NVIDIA GPUs (key -> GPU minor),
@@ -118,7 +121,13 @@ class HostClasses:
         node sysfs ties to an NVIDIA GPU (``/dev/nvidia<minor>``,
         ``/dev/nvidia-caps/nvidia-cap<minor>``, ``/dev/dri/card<N>``/``renderD<N>``): one the host
         has not made yet is still one a container holding CAP_MKNOD can make, so narrowing denies
-        it too."""
+        it too. Made once per distinct set (the last one kept): a resident decider reads the
+        same classes anew for every container, and on a big node they are ~520 nodes."""
+        key = (tuple(sorted(self.drm.items())), self.majors.get("nvidia"), self.gpu_minors,
+               self.majors.get("nvidia-caps"), self.cap_minors)  # fmt: skip
+        held = _driver_nodes[-1] if _driver_nodes else None
+        if held is not None and held[0] == key:
+            return held[1]
         out = [
             Node(
                 path=f"/dev/dri/{'card' if k[2] < _RENDER_BASE else 'renderD'}{k[2]}",
@@ -139,7 +148,8 @@ class HostClasses:
                 Node(path=f"/dev/nvidia-caps/nvidia-cap{m}", type="c", major=caps, minor=m)
                 for m in sorted(self.cap_minors)
             ]
-        return tuple(out)
+        _driver_nodes[:] = [(key, tuple(out))]
+        return _driver_nodes[-1][1]
 
     def classify(self, key: Key) -> tuple[ClassKind, int | None] | None:
         """The class of node ``key`` and, for a GPU or DRM node, its GPU's minor; None for a node
