@@ -10,9 +10,7 @@ modules loaded after the interpreter's own start, the process's forks (an audit 
 ``os.fork``: each costs a start 2-3 ms) and whether the cycle collector was still on at the end.
 """
 
-from __future__ import annotations
-
-import os
+import os  # no from __future__: the routes' own loading of it is measured
 import posix
 import sys
 

@@ -197,14 +197,14 @@ def _one_gpu(rootfs: Path, cgroups_path: str) -> dict[str, object]:
 WORKLOADS = {"plain": bundles.nodev_config, "one-cdi-gpu": _one_gpu, "slice-pod": bundles.slice_config}
 
 # The fast path (a container that asks for nothing): its record and the fast-path cache's MAC.
-FAST_STDLIB = {"__future__", "_json", "_blake2", "_operator"}
+FAST_STDLIB = {"_json", "_blake2", "_operator"}  # no __future__: the fast path's modules do without it
 FAST_HOOK = {
     "hook", "hook.entry", "hook.core", "hook.core.version", "hook.routes", "hook.routes.fastpath",
     "hook.sources", "hook.sources.privatefile", "hook.sources.nodekey",
 }  # fmt: skip
 # A served decision: the socket, the MAC (_blake2, _operator's compare_digest), the JSON scanner,
 # gc (built in: the collector is off once the decider answered).
-SERVED_STDLIB = FAST_STDLIB | {"_socket", "gc"}
+SERVED_STDLIB = FAST_STDLIB | {"_socket", "gc", "__future__"}
 SERVED_HOOK = FAST_HOOK | {
     "hook.routes.offer", "hook.routes.client", "hook.routes.wire", "hook.routes.decision", "hook.routes.act",
     "hook.core.record", "hook.adapters", "hook.adapters.log", "hook.routes.logrecord",
@@ -212,7 +212,7 @@ SERVED_HOOK = FAST_HOOK | {
 }  # fmt: skip
 # The runtime wrapper reads the command line as runc and crun do; errno where it writes a decided
 # config (escape only where it refuses, or with a decision's log).
-WRAPPER_STDLIB = {"errno"}
+WRAPPER_STDLIB = {"errno", "__future__"}
 WRAPPER_HOOK = {
     "hook.routes.wrapper", "hook.core.record", "hook.routes.runtimeargs",
     "hook.routes.runtimeargs.crun", "hook.routes.runtimeargs.readings", "hook.routes.runtimeargs.runc",
