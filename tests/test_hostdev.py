@@ -107,3 +107,26 @@ def test_host_dev_warning_counts_the_node_changes_it_left(
     _rc, rep, _ = decide_for(tmp_path / "host", slice_pod([HOST_DEV]), capsys)
     want = f"cgroup-only, {changes} node(s) left as they are"
     assert any(want in w for w in rep["warnings"]), rep["warnings"]
+
+
+def test_no_mount_of_the_host_dev_no_path_is_looked_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34 item 8: a privileged pod on a big node removes ~500 nodes; where no mount shows the
+    host's /dev, none of their paths can be on one, and none is looked up (seen failing with the
+    check removed). With such a mount each path is, as before."""
+    from hook.core import decide
+
+    calls: list[str] = []
+    real = decide.shared_mount
+
+    def counting(mounts: Any, path: str, *rest: Any) -> Any:
+        calls.append(path)
+        return real(mounts, path, *rest)
+
+    monkeypatch.setattr(decide, "shared_mount", counting)
+    tmpfs = {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]}
+    _rc, rep, _ = decide_for(tmp_path, slice_pod([tmpfs]), capsys)
+    assert "/dev/nvidia0" in rep["nodes"]["remove"] and calls == []
+    _rc, rep, _ = decide_for(tmp_path, slice_pod([tmpfs, HOST_CAPS]), capsys)
+    assert "/dev/nvidia0" in calls and "/dev/nvidia0" in rep["nodes"]["remove"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from hook.core.devclasses import HostClasses
-from hook.core.hostdev import HOST_DEV, shared_mount
+from hook.core.hostdev import HOST_DEV, shared_mount, shares_host_dev
 from hook.core.kubelet import SANDBOX, UNTRUSTED
 from hook.core.oci import LinuxDevice, OciConfig
 from hook.core.plan import Node, Plan, Verdict
@@ -246,11 +246,11 @@ def _off_host_dev(
     """Drop node changes that would land on the host's own /dev (a bind mount of it): there the
     cgroup rules alone narrow, and ``warnings`` says which mount made it so."""
     config = inputs.config
-    dropped: dict[int, int] = {}
-    labels: dict[int, str] = {}
+    dropped, labels = dict[int, int](), dict[int, str]()
+    shared = any(shares_host_dev(m, inputs.host_dev, config.bundle) for m in config.mounts)  # else none is
 
     def on_host(path: str) -> bool:
-        found = shared_mount(config.mounts, path, inputs.host_dev, config.bundle)
+        found = shared_mount(config.mounts, path, inputs.host_dev, config.bundle) if shared else None
         if found is None:
             return False
         i, m = found
