@@ -1,7 +1,7 @@
-"""The os-only fast path: everything a container that needs no decision costs, and nothing more.
+"""The posix-only fast path: everything a container that needs no decision costs, and nothing more.
 
 Rule: a container that asks for no device and is not widened is answered from the raw JSON here,
-with ``os`` and the hook's private-file primitives (``hook.sources.privatefile``: the trust-checked
+with ``posix`` and the hook's private-file primitives (``hook.sources.privatefile``: the trust-checked
 reads and ``loads``, the JSON decoding through ``json``'s own C scanner; importing the ``json``
 package would pull in ``re``, ``enum`` and ``functools``, most of the fast path's cost) and nothing
 else at load time. The full path shares its rules: ``needs_decision`` is the question every route
