@@ -231,3 +231,29 @@ def test_the_decider_drops_a_trickling_request_at_its_deadline(
         d.close()
         t.join(5)
     assert dropped is not None and dropped < 1.5, dropped
+
+
+def test_the_callers_meanwhile_runs_after_the_send_and_counts_against_the_deadline(
+    listener: Callable[..., None],
+) -> None:
+    """``meanwhile`` (the answer's imports, while the decider decides) runs once the request is
+    on the wire, and the deadline is one: a meanwhile that outlasts it leaves no time to read."""
+    seen: list[str] = []
+
+    def behave(conn: socket.socket) -> None:  # the request was read before this: say so, answer late
+        seen.append("request read")
+        time.sleep(0.3)
+        conn.sendall(wire.frame(wire.ANSWER, b"{}"))
+
+    listener(behave)
+    start = time.monotonic()
+
+    def meanwhile() -> None:
+        time.sleep(0.1)  # the listener reads the request meanwhile: it was sent whole first
+        seen.append("meanwhile")
+        time.sleep(0.2)
+
+    got = client.ask(b"live", b"", [], timeout=0.25, meanwhile=meanwhile)
+    assert seen == ["request read", "meanwhile"]
+    assert got == ("fallback", "no answer within 250 ms")
+    assert time.monotonic() - start < 0.45

@@ -28,7 +28,7 @@ def test_a_start_decided_in_process_keeps_the_collector(
     monkeypatch: pytest.MonkeyPatch, answer: bytes | None, why: str
 ) -> None:
     got = ("answered", answer) if answer is not None else ("", "")
-    monkeypatch.setattr(client, "ask", lambda route, fp, parts: got)
+    monkeypatch.setattr(client, "ask", lambda route, fp, parts, meanwhile=None: got)
     monkeypatch.setattr(offer, "decider_setting", lambda path: "")
     monkeypatch.setattr(wire, "fingerprint", lambda opts, path: b"")
     session = Session("prestart")

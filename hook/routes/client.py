@@ -22,6 +22,10 @@ import os
 
 from hook.routes import wire
 
+TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = ["ANSWER_LIMITS", "DECIDE_TIMEOUT", "TIMEOUT_ENV", "ask", "decide_timeout", "status", "where"]
 
 DECIDE_TIMEOUT = 0.4  # connect, send and the answer all within this (one deadline); else in-process
@@ -56,10 +60,16 @@ def _connect(timeout: float) -> object:
 
 
 def ask(
-    route: bytes, fingerprint: bytes, parts: list[tuple[bytes, bytes]], timeout: float | None = None
+    route: bytes,
+    fingerprint: bytes,
+    parts: list[tuple[bytes, bytes]],
+    timeout: float | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[str, bytes | str]:
     """``("answered", the decision's bytes)``, or ``(status, why)`` to decide in-process:
-    ``""`` (no decider on this node: nothing to say), ``declined``, ``untrusted`` or ``fallback``."""
+    ``""`` (no decider on this node: nothing to say), ``declined``, ``untrusted`` or ``fallback``.
+    ``meanwhile`` runs once the request is sent, while the decider decides (on another core): the
+    caller's imports that every answer needs. Its time counts against the one deadline."""
     import time
 
     limit = decide_timeout() if timeout is None else timeout
@@ -92,6 +102,8 @@ def ask(
         try:  # one deadline: the send (a whole sendall) and every read get only the time left
             wire.left_for(sock, deadline)
             sock.sendall(body + wire.frame(wire.MAC, tag))  # type: ignore[attr-defined]
+            if meanwhile is not None:
+                meanwhile()
             kind, payload = wire.read_frame(sock, ANSWER_LIMITS, deadline)
             mkind, proof = wire.read_frame(sock, PROOF_LIMITS, deadline)
         except (OSError, ValueError) as exc:

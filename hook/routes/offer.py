@@ -34,6 +34,20 @@ def _by_pipe() -> bool:
         return False
 
 
+def _answer_modules() -> None:
+    """What acting on any answer loads (read it, stamp and write its record), imported while the
+    decider decides: about 1 ms of imports off the start's path where the decider has a core."""
+    import hook.adapters.log
+    import hook.routes.decision
+    import hook.routes.logrecord  # noqa: F401
+
+
+def _answer_modules_live() -> None:
+    """``_answer_modules`` and a live decision's plan values."""
+    _answer_modules()
+    import hook.core.plainplan  # noqa: F401
+
+
 def _offer(
     route: bytes, opts: dict[str, list[str]], parts: list[tuple[bytes, bytes]], session: Session
 ) -> Live | Spec | None:
@@ -42,7 +56,8 @@ def _offer(
     if decider_setting(path) == "off":
         session.decider = "off"
         return None
-    got, body = client.ask(route, wire.fingerprint(opts, path), parts)
+    meanwhile = _answer_modules_live if route == b"live" else _answer_modules
+    got, body = client.ask(route, wire.fingerprint(opts, path), parts, meanwhile=meanwhile)
     if got == "answered" and isinstance(body, bytes):
         # What is left of an answered start (read the plan, apply, log, exit) is short and bounded,
         # and the process ends in os._exit: the cycle collector's passes there (about 0.6 ms a
