@@ -43,8 +43,12 @@ def _answer_modules() -> None:
 
 
 def _answer_modules_live() -> None:
-    """``_answer_modules`` and a live decision's plan values."""
+    """``_answer_modules``, a live decision's plan values and the apply step every plan with a
+    change runs (locating the cgroup, the transaction and v1's writer). The node helper and v2's
+    writer are left to the plans that need them."""
     _answer_modules()
+    import hook.adapters.apply.locate
+    import hook.adapters.apply.transaction
     import hook.core.plainplan  # noqa: F401
 
 
