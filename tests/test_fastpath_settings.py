@@ -102,3 +102,35 @@ def test_live_full_path_reads_compiled_settings_without_yaml(tmp_path: Path) -> 
         for _ in range(2)
     ]
     assert [r.stdout.decode().split() for r in runs] == [["0", "True"], ["0", "False"]], runs[1].stderr
+
+
+def test_the_decider_rechecks_the_compiled_record_only_when_its_file_changes(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: a warm decider calls remember on every request; reading and seal-checking the
+    record each time cost ~0.2 ms. A found record is kept while fastpath.json's identity holds;
+    removed (or rewritten), it is checked again and written again."""
+    from hook.sources import warm
+
+    path = write_settings(tmp_path, "cdi_annotation_prefixes: [example.com/cdi-]\n")
+    calls: list[Path] = []
+    real = settings._compiled
+
+    def counted(p: Path, d: bytes) -> settings.Settings | None:
+        calls.append(p)
+        return real(p, d)
+
+    monkeypatch.setattr(settings, "_compiled", counted)
+    warm.enable()
+    try:
+        loaded = settings.load_settings(path)
+        calls.clear()
+        for _ in range(3):
+            assert settings.remember_for_fast_path(path, loaded) is None
+        assert len(calls) == 2  # the miss that wrote it, the hit that is then kept
+        cache.unlink()
+        assert settings.remember_for_fast_path(path, loaded) is None
+        assert len(calls) == 3 and cache.exists()  # checked again, and written again
+        assert fastpath.fast_settings(str(path)) == (("example.com/cdi-",), fastpath.DEFAULT_MOUNT_ROOT)
+    finally:
+        warm.enable(False)
