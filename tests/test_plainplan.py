@@ -161,3 +161,25 @@ def test_rows_that_are_equal_but_not_the_same_json_are_read_apart() -> None:
     served = from_wire(odd)
     assert isinstance(served, Live) and isinstance(served.plan, PlainPlan)
     assert type(served.plan.rules[0].allow) is int and type(served.plan.normal[0].allow) is bool
+
+
+def test_the_decider_answers_the_json_normalized_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: a decision is encoded once in the decider: ``wire_of`` gives the bytes ``normalized``
+    read back for that very value (in this thread only), and they read as that value."""
+    import threading
+
+    from hook.routes import decision
+
+    plan = Plan(verdict=Verdict.APPLY, reason="r", rules=(Rule(allow=True, type=DeviceType.CHAR, major=195),))
+    served = decision.normalized(Live(code=0, plan=plan, record={"verdict": "apply"}))
+    encodes: list[object] = []
+    real = decision.to_wire
+    monkeypatch.setattr(decision, "to_wire", lambda d: encodes.append(d) or real(d))  # type: ignore[func-returns-value]
+    data = decision.wire_of(served)
+    assert encodes == [] and from_wire(data) == served and data == real(served)
+    other: list[bytes] = []
+    worker = threading.Thread(target=lambda: other.append(decision.wire_of(served)))
+    worker.start()
+    worker.join()
+    assert encodes == [served] and other == [data]  # another thread encodes it itself, the same
+    assert decision.wire_of(Live(code=0)) == real(Live(code=0)) and len(encodes) == 2

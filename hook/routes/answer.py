@@ -124,9 +124,9 @@ class Answerer:
             return wire.DECLINE, str(exc).encode()
         except Exception as exc:
             return wire.DECLINE, f"the decider failed ({type(exc).__name__}); decide in-process".encode()
-        from hook.routes.decision import to_wire
+        from hook.routes.decision import wire_of
 
-        data = to_wire(decision)
+        data = wire_of(decision)
         if len(data) > wire.MAX_ANSWER:  # the hook refuses it unread: say so at once instead
             return wire.DECLINE, f"an answer of {len(data)} bytes is past the cap; decide in-process".encode()
         return wire.ANSWER, data

@@ -14,6 +14,8 @@ Decoding imports only ``hook.routes.fastpath`` (its ``loads``) and the plan's pl
 
 from __future__ import annotations
 
+from _thread import _local
+
 from hook.core.record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up cost)
@@ -25,7 +27,9 @@ if TYPE_CHECKING:
 
     D = TypeVar("D", "Live", "Spec")
 
-__all__ = ["Live", "LogTo", "Spec", "from_wire", "normalized", "to_wire"]
+__all__ = ["Live", "LogTo", "Spec", "from_wire", "normalized", "to_wire", "wire_of"]
+
+_made = _local()  # per thread (the decider answers from several): the last normalized and its JSON
 
 
 @record
@@ -205,7 +209,20 @@ def from_wire(data: bytes) -> Live | Spec:
 def normalized(decision: D) -> D:
     """The decision as the hook gets it from the decider (tuples as lists, enums as text): the
     in-process path acts on this, so served and in-process lines are equal by construction."""
-    return from_wire(to_wire(decision))  # type: ignore[return-value]
+    data = to_wire(decision)
+    out = from_wire(data)
+    _made.last = (out, data)
+    return out  # type: ignore[return-value]
+
+
+def wire_of(decision: Live | Spec) -> bytes:
+    """``to_wire(decision)``; for the value ``normalized`` just returned in this thread, the JSON it
+    was read back from, which is the same value (the decider answers without a second encoding,
+    and the hook reads exactly what the in-process path acts on)."""
+    last = getattr(_made, "last", None)
+    if last is not None and last[0] is decision:
+        return last[1]  # type: ignore[no-any-return]
+    return to_wire(decision)
 
 
 def _int(value: object) -> int:
