@@ -21,9 +21,14 @@ HOST = Path("/host")
 def fake_host(fs, monkeypatch):
     """``fake_host(topology) -> (root, spec)`` in a pyfakefs tree (plain files for /dev nodes); the
     node has a key (held as read: pyfakefs has no ``dir_fd`` opens to make one), so caches work."""
-    from hook.sources import nodekey
+    from pyfakefs.fake_os import FakeOsModule
+
+    from hook.sources import nodekey, privatefile
 
     monkeypatch.setitem(nodekey._known, nodekey.KEY_DIR, b"k" * nodekey.KEY_BYTES)
+    # the cache dir's reader calls posix (the fast path does without os), which pyfakefs does not
+    # patch: it is given the fake tree's os module, as every other reader in this tree gets
+    monkeypatch.setattr(privatefile, "posix", FakeOsModule(fs))
 
     def make(topology: str) -> tuple[Path, HostSpec]:
         return HOST, make_host_tree(HOST, topology, mknod=False)
